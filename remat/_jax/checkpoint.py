@@ -15,6 +15,7 @@ import jax
 
 from remat._jax import compat
 from remat._jax.compat import core, name_p
+from remat._jax import refs
 from remat._jax.lowering import STRATEGIES
 from remat._jax.primitive import remat_p
 
@@ -29,7 +30,8 @@ _CONCRETIZATION_HINT = (
 def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
                policy: Callable[..., Any] | None = None,
                static_argnums: int | Sequence[int] = (),
-               lowering: str | None = None) -> Callable:
+               lowering: str | None = None,
+               ref_effects: str = "once") -> Callable:
   """Makes ``fun`` recompute its intermediates during differentiation instead of
   storing them: a drop-in for ``jax.checkpoint`` whose recomputation the XLA
   compiler cannot undo.
@@ -46,6 +48,11 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
     lowering: how the recomputation is protected in the compiled program:
       ``"cond"``, ``"barrier"``, ``"while"``, or ``None`` for the platform's
       default (``"cond"`` on CPU, ``"barrier"`` on GPU/TPU).
+    ref_effects: what happens to refs (``jax.new_ref``) that ``fun`` takes as
+      arguments or closes over. ``"once"`` (default): their reads and writes
+      happen once, in the forward pass; the recomputation starts from the values
+      they held when ``fun`` was entered, in private copies. ``"replay"``: the
+      recomputation reads and writes the refs again, as ``jax.checkpoint`` does.
 
   Returns:
     A function with the same signature and values as ``fun``.
@@ -64,6 +71,9 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
   if lowering is not None and lowering not in STRATEGIES:
     raise ValueError(f"remat.checkpoint: lowering must be one of {STRATEGIES} or "
                      f"None, got {lowering!r}.")
+  if ref_effects not in refs.REF_EFFECTS:
+    raise ValueError(f"remat.checkpoint: ref_effects must be one of "
+                     f"{refs.REF_EFFECTS}, got {ref_effects!r}.")
   if policy is not None and not callable(policy):
     raise TypeError("remat.checkpoint: policy must be callable as "
                     f"policy(prim, *avals, **params), got {policy!r}; see "
@@ -77,11 +87,15 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
     dbg = compat.debug_info("remat.checkpoint", fun, args, kwargs,
                             static_argnums=tuple(static_argnums))
     jaxpr, consts, out_tree = _trace(dyn_fun, in_tree, in_avals, dbg)
-    outs = remat_p.bind(
-        *consts, *flat_args, jaxpr=jaxpr,
-        prevent_cse=_flat_prevent_cse(prevent_cse, len(consts), dyn_args, kwargs,
-                                      static_argnums, len(args)),
-        differentiated=False, policy=policy, lowering=lowering)
+    cse = _flat_prevent_cse(prevent_cse, len(consts), dyn_args, kwargs,
+                            static_argnums, len(args))
+    params = dict(differentiated=False, policy=policy, lowering=lowering)
+    if refs.needs_purify(jaxpr, ref_effects):
+      outs = _bind_pure(jaxpr, [*consts, *flat_args], cse, params,
+                        discharge_inputs=ref_effects == "once")
+    else:
+      outs = remat_p.bind(*consts, *flat_args, jaxpr=jaxpr, prevent_cse=cse,
+                          **params)
     return jax.tree_util.tree_unflatten(out_tree, outs)
 
   return checkpointed
@@ -90,10 +104,31 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
 def remat(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
           policy: Callable[..., Any] | None = None,
           static_argnums: int | Sequence[int] = (),
-          lowering: str | None = None) -> Callable:
+          lowering: str | None = None, ref_effects: str = "once") -> Callable:
   """Alias of :func:`checkpoint`."""
   return checkpoint(fun, prevent_cse=prevent_cse, policy=policy,
-                    static_argnums=static_argnums, lowering=lowering)
+                    static_argnums=static_argnums, lowering=lowering,
+                    ref_effects=ref_effects)
+
+
+def _bind_pure(jaxpr: core.Jaxpr, args: list[Any], prevent_cse, params,
+               discharge_inputs: bool):
+  """Binds the region with its refs turned into values (``refs.py``): external
+  refs, if ``discharge_inputs``, are read before and written back after, so that
+  their effects happen once; internal refs become plain values."""
+  region = refs.purify(jaxpr, discharge_inputs)
+  positions = set(region.ref_positions)
+  values = [refs.read(a) if i in positions else a for i, a in enumerate(args)]
+  if not isinstance(prevent_cse, bool):
+    prevent_cse = (False,) * len(region.consts) + tuple(prevent_cse)
+  outs = remat_p.bind(*region.consts, *values, jaxpr=region.jaxpr,
+                      prevent_cse=prevent_cse, **params)
+  num_outs = len(jaxpr.outvars)
+  for i, written, final in zip(region.ref_positions, region.written,
+                               outs[num_outs:]):
+    if written:
+      refs.write(args[i], final)
+  return outs[:num_outs]
 
 
 def checkpoint_name(x: Any, name: str) -> Any:

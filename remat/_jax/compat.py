@@ -24,6 +24,8 @@ from jax._src.lib.mlir import ir as ir
 from jax._src.lib.mlir.dialects import hlo as hlo
 from jax._src.state import discharge as state_discharge
 from jax._src.state.types import AbstractRef as AbstractRef
+from jax._src.state.types import AccumEffect as AccumEffect
+from jax._src.state.types import WriteEffect as WriteEffect
 from jax._src.util import weakref_lru_cache as weakref_lru_cache
 
 # Policy answers understood by JAX's partial evaluator (``partial_eval_jaxpr_custom``).

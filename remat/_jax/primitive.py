@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from remat._jax import compat
-from remat._jax.compat import ad, batching, core, pe, Zero
+from remat._jax import compat, refs
+from remat._jax.compat import AbstractRef, ad, batching, core, pe, Zero
 
 logger = logging.getLogger("remat")
 
@@ -167,6 +167,7 @@ def _is_float(aval) -> bool:
 # differentiated remat equation.
 def remat_partial_eval(trace, *tracers, jaxpr: core.Jaxpr, prevent_cse, policy,
                        **params):
+  refs.check_effects(jaxpr)
   in_unknowns = [not t.is_known() for t in tracers]
   known, staged, out_unknowns, num_res, used_known, used_staged = \
       _split_with_policy(jaxpr, in_unknowns, policy)
@@ -321,3 +322,22 @@ def remat_dce(used_outputs: list[bool], eqn: core.JaxprEqn):
   return used_inputs, new_eqn
 
 pe.dce_rules[remat_p] = remat_dce
+
+
+# ------------------------------------------------------------- state discharge
+# Used when a region that takes refs (``ref_effects="replay"``) is compiled: the
+# refs become values in and out of the region. Returns the refs' new values (None
+# for non-ref arguments) and the outputs.
+
+def remat_discharge(in_avals, out_avals, *args, jaxpr: core.Jaxpr, prevent_cse,
+                    **params):
+  del out_avals
+  region = refs.purify(jaxpr, discharge_inputs=True)
+  outs = remat_p.bind(*region.consts, *args, jaxpr=region.jaxpr,
+                      prevent_cse=_cse_extend(prevent_cse, len(region.consts), 0),
+                      **params)
+  finals = iter(outs[len(jaxpr.outvars):])
+  new_vals = [next(finals) if isinstance(a, AbstractRef) else None for a in in_avals]
+  return new_vals, outs[:len(jaxpr.outvars)]
+
+compat.state_discharge.register_discharge_rule(remat_p)(remat_discharge)
