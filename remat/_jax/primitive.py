@@ -206,13 +206,13 @@ def _log_residuals(known, num_res, staged, in_unknowns, used_staged):
   if not logger.isEnabledFor(logging.DEBUG):
     return
   from remat._jax.residuals import describe_outputs  # avoids an import cycle
-  saved_inputs = [v.aval.str_short() for v, unknown in
+  saved_inputs = [v.aval.str_short(short_dtypes=True) for v, unknown in
                   zip(staged.invars[num_res:], _select(used_staged, in_unknowns))
                   if not unknown]
   res_jaxpr = known.replace(outvars=known.outvars[len(known.outvars) - num_res:])
   saved = describe_outputs(res_jaxpr, [""] * len(known.invars))
   lines = [f"  input {s}" for s in saved_inputs]
-  lines += [f"  {aval.str_short()} {src}" for aval, src in saved]
+  lines += [f"  {aval.str_short(short_dtypes=True)} {src}" for aval, src in saved]
   logger.debug("remat region saves %d residual(s):\n%s", len(lines), "\n".join(lines))
 
 
