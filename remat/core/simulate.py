@@ -6,9 +6,12 @@ XLA reports (``argument + output + temp - alias`` bytes of ``memory_analysis()``
 
 * **Program inputs** are live for the whole program: the caller owns them. A
   *donated* input is freed after its last use instead.
+* **Program outputs** occupy their own buffers for the whole program: XLA allocates
+  result buffers apart from its temporaries (``output_size_in_bytes``). It sometimes
+  places a temporary inside a result buffer that is not written yet; we ignore that.
 * **Every other value** is allocated when the op that defines it runs and freed right
-  after the op that reads it last. A value nobody reads (and that is not a program
-  output) is freed right after it is defined. **Program outputs** live to the end.
+  after the op that reads it last. A value nobody reads is freed right after it is
+  defined.
 * **Fusion** (``remat.core.fusion``): values passed between fused elementwise ops take
   no memory. The fused ops of a chain really run at the op that consumes the chain
   (its *anchor*), so the inputs of a fused op stay live until that anchor runs.
@@ -30,7 +33,7 @@ Example::
     >>> x = b.add_input(100)
     >>> (y,) = b.add_op("dot", [x], [200])
     >>> (z,) = b.add_op("dot", [y], [50])
-    >>> simulate(b.build(outputs=[z]), (0, 1)).peak_bytes  # x + y + z during op 1
+    >>> simulate(b.build(outputs=[z]), (0, 1)).peak_bytes  # x + z from the start, + y
     350
 """
 
@@ -62,6 +65,8 @@ class Timeline:
       peak_bytes: the largest ``live_during_bytes`` (or the input bytes if no ops).
       peak_step: the step where the peak is reached (-1 if no ops).
       input_bytes: bytes of the program inputs, live from the start.
+      output_bytes: bytes of the program outputs that are not inputs, live from the
+        start too (their own buffers).
       fused: for each value id, whether fusion keeps it out of memory.
       last_use_step: for each value id, the step after which it is freed (-1 for
         values that are never freed: non-donated inputs and program outputs).
@@ -75,6 +80,7 @@ class Timeline:
     peak_bytes: int
     peak_step: int
     input_bytes: int
+    output_bytes: int
     fused: list[bool]
     last_use_step: list[int]
 
@@ -84,6 +90,8 @@ class Timeline:
         for s, op_id in enumerate(self.schedule):
             for v in graph.ops[op_id].outputs:
                 defined_at[v] = s
+        for v in graph.outputs:
+            defined_at[v] = -1  # result buffers exist from the start
         live = []
         for v, value in enumerate(graph.values):
             if self.fused[v] or value.nbytes == 0:
@@ -177,10 +185,16 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True) -> Ti
         last_use_step[v] = last
         freed_bytes[last] += resident[v]
 
-    input_bytes = sum(graph.values[v].nbytes for v in set(graph.inputs))
-    unread_donated = sum(graph.values[v].nbytes for v in set(graph.inputs)
+    input_set = set(graph.inputs)
+    input_bytes = sum(graph.values[v].nbytes for v in input_set)
+    output_set = set(graph.outputs) - input_set
+    output_bytes = sum(graph.values[v].nbytes for v in output_set)
+    unread_donated = sum(graph.values[v].nbytes for v in input_set
                          if v in donated and not users[v])
-    live = input_bytes - unread_donated
+    live = input_bytes + output_bytes - unread_donated
+    allocated_at_step = list(resident)
+    for v in output_set:
+        allocated_at_step[v] = 0  # allocated up front
     defined_bytes = [0] * n_steps
     live_during = [0] * n_steps
     live_after = [0] * n_steps
@@ -189,7 +203,7 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True) -> Ti
         op = ops[schedule[step]]
         defined = 0
         for v in op.outputs:
-            defined += resident[v]
+            defined += allocated_at_step[v]
         during = live + defined + op.working_set_bytes
         defined_bytes[step] = defined
         live_during[step] = during
@@ -198,4 +212,4 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True) -> Ti
         live = live + defined - freed_bytes[step]
         live_after[step] = live
     return Timeline(schedule, defined_bytes, freed_bytes, live_during, live_after,
-                    peak, peak_step, input_bytes, fused, last_use_step)
+                    peak, peak_step, input_bytes, output_bytes, fused, last_use_step)

@@ -43,7 +43,10 @@ def list_schedule(graph: Graph) -> tuple[int, ...]:
             freeable[v] = False
     remaining_readers = [len(u) for u in users]
     waiting_on = [len(graph.op_predecessors(o)) for o in range(n)]
-    defined = [sum(resident[v] for v in op.outputs) for op in ops]
+    allocated = list(resident)
+    for v in graph.outputs:
+        allocated[v] = 0  # result buffers are allocated up front (see simulate)
+    defined = [sum(allocated[v] for v in op.outputs) for op in ops]
     scheduled = [False] * n
     ready = [False] * n
     priority = [0] * n
