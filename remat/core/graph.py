@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 __all__ = ["Value", "Op", "Graph", "GraphBuilder", "GraphError", "FUSION_KINDS"]
 
@@ -36,8 +36,7 @@ class GraphError(ValueError):
 FUSION_KINDS = ("none", "loop", "reduce")
 
 
-@dataclasses.dataclass(frozen=True)
-class Value:
+class Value(NamedTuple):
     """A buffer.
 
     Attributes:
@@ -53,8 +52,7 @@ class Value:
     name: str = ""
 
 
-@dataclasses.dataclass(frozen=True)
-class Op:
+class Op(NamedTuple):
     """A computation.
 
     Attributes:
@@ -82,11 +80,6 @@ class Op:
     fusion: str = "none"
     working_set_bytes: int = 0
 
-    def __post_init__(self) -> None:
-        if self.fusion not in FUSION_KINDS:
-            raise GraphError(f"op {self.label!r} has fusion kind {self.fusion!r}; expected "
-                             f"one of {FUSION_KINDS}.")
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Graph:
@@ -101,6 +94,9 @@ class Graph:
         are freed after their last use instead of living to the end.
       users: for each value, the ids of the ops that read it (each op once, in id
         order). Derived.
+      predecessors: for each op, the ids of the ops it reads from (each once). Derived.
+      successors: for each op, the ids of the ops that read from it (each once, in
+        id order). Derived.
       topological_order: the op ids in a topological order (ties broken by id, so
         a graph built in program order keeps that order). Derived.
     """
@@ -111,40 +107,44 @@ class Graph:
     outputs: tuple[int, ...]
     donated: frozenset[int] = frozenset()
     users: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False)
+    predecessors: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False)
+    successors: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False)
     topological_order: tuple[int, ...] = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_ids(self)
         users: list[list[int]] = [[] for _ in self.values]
+        predecessors: list[tuple[int, ...]] = []
+        successors: list[list[int]] = [[] for _ in self.ops]
+        values = self.values
         for op_id, op in enumerate(self.ops):
+            preds: dict[int, None] = {}
             for v in op.inputs:
                 u = users[v]
                 if not u or u[-1] != op_id:  # ops are visited in id order
                     u.append(op_id)
+                p = values[v].producer
+                if p is not None:
+                    preds[p] = None
+            predecessors.append(tuple(preds))
+            for p in preds:
+                successors[p].append(op_id)
         object.__setattr__(self, "users", tuple(tuple(u) for u in users))
+        object.__setattr__(self, "predecessors", tuple(predecessors))
+        object.__setattr__(self, "successors", tuple(tuple(s) for s in successors))
         object.__setattr__(self, "topological_order", _topological_order(self))
 
     @property
     def num_ops(self) -> int:
         return len(self.ops)
 
-    def op_predecessors(self, op_id: int) -> list[int]:
+    def op_predecessors(self, op_id: int) -> tuple[int, ...]:
         """Ids of the ops whose outputs ``op_id`` reads (each once)."""
-        seen: list[int] = []
-        for v in self.ops[op_id].inputs:
-            p = self.values[v].producer
-            if p is not None and p not in seen:
-                seen.append(p)
-        return seen
+        return self.predecessors[op_id]
 
-    def op_successors(self, op_id: int) -> list[int]:
+    def op_successors(self, op_id: int) -> tuple[int, ...]:
         """Ids of the ops that read an output of ``op_id`` (each once)."""
-        seen: list[int] = []
-        for v in self.ops[op_id].outputs:
-            for u in self.users[v]:
-                if u not in seen:
-                    seen.append(u)
-        return seen
+        return self.successors[op_id]
 
     def total_bytes(self, value_ids: Iterable[int]) -> int:
         """The summed size of distinct values."""
@@ -159,6 +159,9 @@ def _check_ids(graph: Graph) -> None:
     n_values = len(graph.values)
     defined_by: list[int | None] = [None] * n_values
     for op_id, op in enumerate(graph.ops):
+        if op.fusion not in FUSION_KINDS:
+            raise GraphError(f"op {op_id} ({op.label}) has fusion kind {op.fusion!r}; "
+                             f"expected one of {FUSION_KINDS}.")
         for v in (*op.inputs, *op.outputs):
             if not 0 <= v < n_values:
                 raise GraphError(f"op {op_id} ({op.label}) refers to value {v}, but the "
@@ -193,14 +196,14 @@ def _topological_order(graph: Graph) -> tuple[int, ...]:
     import heapq
 
     n = len(graph.ops)
-    indegree = [len(graph.op_predecessors(o)) for o in range(n)]
+    indegree = [len(p) for p in graph.predecessors]
     ready = [o for o in range(n) if indegree[o] == 0]
     heapq.heapify(ready)
     order: list[int] = []
     while ready:
         o = heapq.heappop(ready)
         order.append(o)
-        for s in graph.op_successors(o):
+        for s in graph.successors[o]:
             indegree[s] -= 1
             if indegree[s] == 0:
                 heapq.heappush(ready, s)

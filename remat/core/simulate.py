@@ -207,7 +207,7 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True) -> Ti
         during = live + defined + op.working_set_bytes
         defined_bytes[step] = defined
         live_during[step] = during
-        if during > peak:
+        if during > peak or peak_step == -1:  # live never exceeds the last "during"
             peak, peak_step = during, step
         live = live + defined - freed_bytes[step]
         live_after[step] = live
