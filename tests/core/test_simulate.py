@@ -42,14 +42,31 @@ def test_fused_elementwise_chain_takes_no_memory_but_keeps_its_inputs_alive():
     assert tl.defined_bytes == [100, 0, 0, 0]
 
 
-def test_expensive_multi_use_elementwise_is_materialized():
+def test_multi_use_elementwise_is_materialized_unless_cheap_to_duplicate():
     b = GraphBuilder()
-    x = b.add_input(10)
+    x = b.add_input(100)
+    s = b.add_input(4)
     (e,) = b.add_op("exp", [x], [100], fusion="loop", transcendentals=25)
-    (u,) = b.add_op("u", [e], [4], fusion="reduce")
-    (w,) = b.add_op("w", [e], [4], fusion="reduce")
+    (bcast,) = b.add_op("broadcast", [s], [100], fusion="loop")
+    (u,) = b.add_op("u", [e, bcast], [4], fusion="reduce")
+    (w,) = b.add_op("w", [e, bcast], [4], fusion="reduce")
     g = b.build(outputs=[u, w])
-    assert not fused_values(g)[e]
+    fused = fused_values(g)
+    assert not fused[e]  # read by two fusions: XLA:CPU does not duplicate it
+    assert fused[bcast]  # a broadcast is duplicated into both
+
+
+def test_multi_use_value_inside_one_fusion_is_fused():
+    b = GraphBuilder()
+    x = b.add_input(100)
+    h = b.add_input(100)
+    (q,) = b.add_op("q", [x], [100], fusion="loop")
+    (r,) = b.add_op("mul", [q, h], [100], fusion="loop")
+    (s,) = b.add_op("add", [q, r], [100], fusion="loop")
+    (t,) = b.add_op("dot", [s], [100])
+    g = b.build(outputs=[t])
+    fused = fused_values(g)
+    assert fused[q] and fused[r] and not fused[s]
 
 
 def test_donated_input_is_freed_after_last_use():
