@@ -13,12 +13,16 @@ graph alone (no schedule needed):
   it does not duplicate other multi-user producers: without that rule the
   transformer benchmark was under-predicted by 21%.
 
+A ``"view"`` op (a kernel reversal read by a convolution) is folded into its
+readers whatever they are: its results are fused unless they are program outputs.
+
 A fused value occupies no bytes; the values its producer reads must stay live until
 the fusion really runs, i.e. until the last op that consumes the fused chain (the
 simulator handles that with *anchors*, see ``remat.core.simulate``).
 
-Known gaps: XLA also folds transposes into dots, turns some reshapes into free
-bitcasts, and refuses fusions that would grow too large; none of that is modelled.
+Known gaps: XLA also folds some transposes into dots, turns some reshapes into free
+bitcasts, reuses a dying operand's buffer for an elementwise result, and refuses
+fusions that would grow too large; none of that is modelled.
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ def fused_values(graph: Graph) -> list[bool]:
     fusion_of = list(range(len(ops)))
     for op_id in reversed(graph.topological_order):
         op = ops[op_id]
+        if op.fusion == "view":
+            for v in op.outputs:
+                fused[v] = bool(users[v]) and not is_output[v]
+            continue
         if op.fusion != "loop" or not op.outputs:
             continue
         read_bytes = sum(values[i].nbytes for i in set(op.inputs))

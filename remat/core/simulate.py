@@ -146,10 +146,6 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True) -> Ti
     fused = fused_values(graph)
     resident = resident_bytes(graph)
 
-    position = [0] * len(ops)
-    for step, op_id in enumerate(schedule):
-        position[op_id] = step
-
     # The step at which each op really runs: a fused op runs with the last op that
     # consumes the chain it belongs to.
     anchor = [0] * len(ops)
