@@ -118,11 +118,14 @@ class _Flattener:
         self.inputs.append((v, name, donated))
         return v
 
-    def inline(self, jaxpr: Jaxpr, consts: Sequence[Any], in_ids: Sequence[int | None]
-               ) -> list[int | None]:
+    def inline(self, jaxpr: Jaxpr, consts: Sequence[Any], in_ids: Sequence[int | None],
+               caller_source: str = "") -> list[int | None]:
+        """Adds ``jaxpr``'s equations; returns the ids of its outputs (``None`` for
+        literals). Equations without a user source line (inside library code) get
+        ``caller_source``, the line of the call that was inlined."""
         env: dict[Any, int | None] = {}
         for var, const in zip(jaxpr.constvars, consts):
-            env[var] = self.new_input(_aval_of_const(const), "const", False)
+            env[var] = self.new_input(_ConstAval(const), "const", False)
         for var, v in zip(jaxpr.invars, in_ids):
             env[var] = v
 
@@ -132,9 +135,10 @@ class _Flattener:
         for eqn in jaxpr.eqns:
             ins = [read(a) for a in eqn.invars]
             body = _inlinable_body(eqn)
+            source = source_line(eqn) or caller_source
             if body is not None:
                 sub_jaxpr, sub_consts = body
-                outs = self.inline(sub_jaxpr, sub_consts, ins)
+                outs = self.inline(sub_jaxpr, sub_consts, ins, source)
             else:
                 outs = [self.new_value(var.aval) for var in eqn.outvars]
                 flops, transcendentals, working_set = _cost(eqn)
@@ -143,7 +147,7 @@ class _Flattener:
                           else "reduce" if name in _REDUCE_FUSIBLE
                           else "view" if name in _VIEWS else "none")
                 self.ops.append((name, [i for i in ins if i is not None], outs, flops,
-                                 transcendentals, source_line(eqn), fusion, working_set,
+                                 transcendentals, source, fusion, working_set,
                                  bool(eqn.effects)))
             for var, v in zip(eqn.outvars, outs):
                 env[var] = v
@@ -202,17 +206,15 @@ def _describe_aval(aval: Any) -> tuple[int, str]:
     return math.prod(shape) * itemsize, text
 
 
-def _aval_of_const(const: Any) -> Any:
-    class _ConstAval:  # just what _describe_aval reads
-        def __init__(self, shape, dtype):
-            self.shape, self.dtype = shape, dtype
+class _ConstAval:
+    """The shape and dtype of a closed-over constant: what ``_describe_aval`` reads."""
 
-        def str_short(self) -> str:
-            return f"{self.dtype}{list(self.shape)}"
+    def __init__(self, const: Any) -> None:
+        self.shape = tuple(getattr(const, "shape", ()))
+        self.dtype = getattr(const, "dtype", None)
 
-    shape = getattr(const, "shape", ())
-    dtype = getattr(const, "dtype", None)
-    return _ConstAval(tuple(shape), dtype)
+    def str_short(self) -> str:
+        return f"{self.dtype}{list(self.shape)}"
 
 
 def _inlinable_body(eqn: JaxprEqn) -> tuple[Jaxpr, list[Any]] | None:
