@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from ..core.graph import Graph, GraphBuilder
 from ..core.schedulers import best_schedule
@@ -97,6 +97,20 @@ def jaxpr_to_graph(closed_jaxpr: ClosedJaxpr | Jaxpr, *,
     return flat.build([o for o in out_ids if o is not None])
 
 
+class _PendingOp(NamedTuple):
+    """An op collected while inlining, before dead-code elimination."""
+
+    label: str
+    inputs: list[int]
+    outputs: list[int]
+    flops: float
+    transcendentals: float
+    source: str
+    fusion: str
+    working_set_bytes: int
+    effectful: bool
+
+
 class _Flattener:
     """Inlines a jaxpr into flat lists of values and ops, then builds the graph."""
 
@@ -104,7 +118,7 @@ class _Flattener:
         self.value_bytes: list[int] = []
         self.value_shapes: list[str] = []
         self.inputs: list[tuple[int, str, bool]] = []  # (value, name, donated)
-        self.ops: list[tuple[str, list[int], list[int], float, float, str, str, int, bool]] = []
+        self.ops: list[_PendingOp] = []
         self._aval_cache: dict[Any, tuple[int, str]] = {}
 
     def new_value(self, aval: Any) -> int:
@@ -146,9 +160,9 @@ class _Flattener:
                 fusion = ("loop" if name in _LOOP_FUSIBLE
                           else "reduce" if name in _REDUCE_FUSIBLE
                           else "view" if name in _VIEWS else "none")
-                self.ops.append((name, [i for i in ins if i is not None], outs, flops,
-                                 transcendentals, source, fusion, working_set,
-                                 bool(eqn.effects)))
+                self.ops.append(_PendingOp(name, [i for i in ins if i is not None], outs,
+                                           flops, transcendentals, source, fusion,
+                                           working_set, bool(eqn.effects)))
             for var, v in zip(eqn.outvars, outs):
                 env[var] = v
         return [read(a) for a in jaxpr.outvars]
@@ -160,25 +174,26 @@ class _Flattener:
             needed[v] = True
         keep = [False] * len(self.ops)
         for k in range(len(self.ops) - 1, -1, -1):
-            _, ins, outs, *_, effectful = self.ops[k]
-            if effectful or any(needed[v] for v in outs):
+            op = self.ops[k]
+            if op.effectful or any(needed[v] for v in op.outputs):
                 keep[k] = True
-                for v in ins:
+                for v in op.inputs:
                     needed[v] = True
         builder = GraphBuilder()
         new_id: list[int] = [-1] * len(self.value_bytes)
         for v, name, donated in self.inputs:
             new_id[v] = builder.add_input(self.value_bytes[v], shape=self.value_shapes[v],
                                           name=name, donated=donated)
-        for k, (label, ins, outs, flops, trans, src, fusion, working, _) in enumerate(self.ops):
-            if not keep[k]:
+        for op, kept in zip(self.ops, keep):
+            if not kept:
                 continue
-            made = builder.add_op(label, [new_id[v] for v in ins],
-                                  [self.value_bytes[v] for v in outs],
-                                  output_shapes=[self.value_shapes[v] for v in outs],
-                                  flops=flops, transcendentals=trans, source=src,
-                                  fusion=fusion, working_set_bytes=working)
-            for v, m in zip(outs, made):
+            made = builder.add_op(op.label, [new_id[v] for v in op.inputs],
+                                  [self.value_bytes[v] for v in op.outputs],
+                                  output_shapes=[self.value_shapes[v] for v in op.outputs],
+                                  flops=op.flops, transcendentals=op.transcendentals,
+                                  source=op.source, fusion=op.fusion,
+                                  working_set_bytes=op.working_set_bytes)
+            for v, m in zip(op.outputs, made):
                 new_id[v] = m
         return builder.build([new_id[v] for v in outputs])
 
