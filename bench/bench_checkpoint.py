@@ -30,8 +30,8 @@ VARIANTS = {
 }
 
 MODELS = {
-    "24-layer tanh chain (6 segments of 4)": models.make_chain,
-    "8-block transformer (each block)": models.make_transformer,
+    "24-layer tanh chain (6 segments of 4)": models.mlp_chain,
+    "8-block transformer (each block)": models.transformer,
 }
 
 
@@ -47,8 +47,9 @@ def compare(make_model, rounds: int = 5) -> list[dict]:
   """Compiles and times every variant of one model; returns one row per variant."""
   rows, compiled = [], {}
   for name, wrap in VARIANTS.items():
-    loss, params, batch = make_model(wrap=wrap)
-    fn = jax.jit(jax.grad(loss)).lower(params, batch).compile()
+    model = make_model(wrap=wrap)
+    params, batch = model.params, model.batch
+    fn = jax.jit(jax.grad(model.loss_fn)).lower(params, batch).compile()
     temp, total = footprint(fn)
     grads = jax.block_until_ready(fn(params, batch))
     compiled[name] = (fn, params, batch)

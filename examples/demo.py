@@ -14,7 +14,7 @@ from bench.bench_checkpoint import compare, table
 def main() -> None:
   print(f"jax {jax.__version__} on {jax.default_backend()}: gradient of an 8-block "
         "transformer (batch 8, seq 256, width 256, 4 heads)\n")
-  rows = compare(models.make_transformer, rounds=5)
+  rows = compare(models.transformer, rounds=5)
   print(table({"8-block transformer": rows}))
   none, ours = rows[0], rows[-1]
   print(f"\nremat.checkpoint needs {ours['temp'] / none['temp']:.2f}x the temporary "

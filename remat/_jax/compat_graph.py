@@ -1,0 +1,52 @@
+"""Every JAX internal that the jaxpr-to-graph adapter touches, in one place.
+
+Pinned to jax 0.10.2. Public names come from ``jax.extend.core``; the one private
+module used is ``jax._src.source_info_util`` (to print an equation's user source
+line). If a JAX upgrade breaks the adapter, this is the file to fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jax._src import source_info_util as _source_info_util
+from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Var
+
+__all__ = ["ClosedJaxpr", "DropVar", "Jaxpr", "JaxprEqn", "Literal", "Var",
+           "source_line", "open_jaxpr_and_consts"]
+
+
+_SOURCE_LINES: dict[tuple[Any, int], str] = {}
+
+
+def source_line(eqn: JaxprEqn) -> str:
+    """The user source line of an equation, e.g. ``"model.py:12:8 (loss)"``.
+
+    The innermost frame outside JAX wins (JAX's own rule); formatted lines are
+    cached by code location, since a traced loop repeats the same few lines.
+    """
+    traceback = eqn.source_info.traceback
+    if traceback is None:
+        return ""
+    codes, lastis = traceback.raw_frames()
+    for code, lasti in zip(codes, lastis):
+        if not _source_info_util.is_user_filename(code.co_filename):
+            continue
+        key = (code, lasti)
+        line = _SOURCE_LINES.get(key)
+        if line is None:
+            frame = _source_info_util.raw_frame_to_frame(code, lasti)
+            line = f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+            if len(_SOURCE_LINES) < 100_000:
+                _SOURCE_LINES[key] = line
+        return line
+    return ""
+
+
+def open_jaxpr_and_consts(jaxpr: Any) -> tuple[Jaxpr, list[Any]]:
+    """``(jaxpr, consts)`` from a ``ClosedJaxpr`` or an open ``Jaxpr``."""
+    if isinstance(jaxpr, ClosedJaxpr):
+        return jaxpr.jaxpr, list(jaxpr.consts)
+    if isinstance(jaxpr, Jaxpr):
+        return jaxpr, []
+    raise TypeError(f"expected a Jaxpr or ClosedJaxpr, got {type(jaxpr).__name__}.")

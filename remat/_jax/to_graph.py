@@ -1,0 +1,308 @@
+"""Jaxpr -> planning graph (``remat.core.graph.Graph``).
+
+The graph is the whole program, as the compiler will see it:
+
+* call-like higher-order primitives (``jit``/``pjit``, ``closed_call``,
+  ``custom_jvp_call``, ``custom_vjp_call``, remat, and any other primitive whose
+  ``jaxpr``/``call_jaxpr`` parameter takes exactly the equation's operands) are
+  inlined, recursively: the compiler inlines them too;
+* control flow (``scan``, ``while``, ``cond``) stays one op, whose
+  ``working_set_bytes`` is the simulated peak of its body beyond the body's inputs
+  and outputs, and whose FLOPs are the body's (times the length, for ``scan``);
+* literals are not values (they are immediates); closed-over constants become
+  program inputs named ``const``;
+* equations whose results are never used (and that have no effects) are dropped, as
+  the compiler's dead-code elimination would.
+
+Example::
+
+    >>> import jax, jax.numpy as jnp
+    >>> closed = jax.make_jaxpr(lambda x: jnp.sin(x) @ x)(jnp.ones((4, 4)))
+    >>> graph = jaxpr_to_graph(closed)
+    >>> [op.label for op in graph.ops]
+    ['sin', 'dot_general']
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, Sequence
+
+from ..core.graph import Graph, GraphBuilder
+from ..core.schedulers import best_schedule
+from ..core.simulate import simulate
+from .compat_graph import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, open_jaxpr_and_consts, source_line
+
+__all__ = ["jaxpr_to_graph"]
+
+#: Control flow kept as one op.
+CONTROL_FLOW = frozenset({"scan", "while", "cond"})
+
+#: Call-like primitives always inlined (when their jaxpr matches the operands).
+INLINED_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
+                           "custom_vjp_call", "custom_vjp_call_jaxpr", "remat2", "checkpoint"})
+
+_TRANSCENDENTAL = frozenset({
+    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
+    "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "pow",
+    "sqrt", "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "lgamma", "digamma", "igamma",
+    "bessel_i0e", "bessel_i1e",
+})
+
+_ELEMENTWISE = _TRANSCENDENTAL | frozenset({
+    "add", "add_any", "sub", "mul", "div", "rem", "max", "min", "neg", "abs", "sign",
+    "floor", "ceil", "round", "is_finite", "integer_pow", "square", "reciprocal",
+    "select_n", "clamp", "convert_element_type", "eq", "ne", "gt", "ge", "lt", "le",
+    "and", "or", "not", "xor", "shift_left", "shift_right_logical",
+    "shift_right_arithmetic", "nextafter", "copy", "copy_p", "stop_gradient", "real",
+    "imag", "conj", "complex", "population_count", "clz",
+})
+
+#: Ops that fuse with their neighbours (elementwise and data movement).
+_LOOP_FUSIBLE = _ELEMENTWISE | frozenset({
+    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "iota", "slice",
+    "concatenate", "pad", "dynamic_slice",
+})
+
+#: Ops folded into whatever reads them (XLA reverses a kernel inside the convolution).
+_VIEWS = frozenset({"rev"})
+
+#: Ops that absorb fusible producers but materialize their results.
+_REDUCE_FUSIBLE = frozenset({
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
+    "reduce_xor", "argmax", "argmin", "reduce_precision",
+})
+
+
+def jaxpr_to_graph(closed_jaxpr: ClosedJaxpr | Jaxpr, *,
+                   donated: Sequence[bool] | None = None) -> Graph:
+    """Converts a (closed) jaxpr into a planning graph.
+
+    Arguments:
+      closed_jaxpr: e.g. ``jax.make_jaxpr(jax.grad(loss))(params, batch)``.
+      donated: for each of the jaxpr's inputs, whether its buffer is donated.
+
+    Returns:
+      a :class:`remat.core.graph.Graph`; its inputs are the jaxpr's inputs in order,
+      then its constants.
+    """
+    jaxpr, consts = open_jaxpr_and_consts(closed_jaxpr)
+    if donated is not None and len(donated) != len(jaxpr.invars):
+        raise ValueError(f"donated has {len(donated)} flags but the jaxpr has "
+                         f"{len(jaxpr.invars)} inputs; give one flag per input.")
+    flat = _Flattener()
+    arg_ids = [flat.new_input(v.aval, "", bool(donated[i]) if donated else False)
+               for i, v in enumerate(jaxpr.invars)]
+    out_ids = flat.inline(jaxpr, consts, arg_ids)
+    return flat.build([o for o in out_ids if o is not None])
+
+
+class _PendingOp(NamedTuple):
+    """An op collected while inlining, before dead-code elimination."""
+
+    label: str
+    inputs: list[int]
+    outputs: list[int]
+    flops: float
+    transcendentals: float
+    source: str
+    fusion: str
+    working_set_bytes: int
+    effectful: bool
+
+
+class _Flattener:
+    """Inlines a jaxpr into flat lists of values and ops, then builds the graph."""
+
+    def __init__(self) -> None:
+        self.value_bytes: list[int] = []
+        self.value_shapes: list[str] = []
+        self.inputs: list[tuple[int, str, bool]] = []  # (value, name, donated)
+        self.ops: list[_PendingOp] = []
+        self._aval_cache: dict[Any, tuple[int, str]] = {}
+
+    def new_value(self, aval: Any) -> int:
+        nbytes, shape = self._describe(aval)
+        self.value_bytes.append(nbytes)
+        self.value_shapes.append(shape)
+        return len(self.value_bytes) - 1
+
+    def new_input(self, aval: Any, name: str, donated: bool) -> int:
+        v = self.new_value(aval)
+        self.inputs.append((v, name, donated))
+        return v
+
+    def inline(self, jaxpr: Jaxpr, consts: Sequence[Any], in_ids: Sequence[int | None],
+               caller_source: str = "") -> list[int | None]:
+        """Adds ``jaxpr``'s equations; returns the ids of its outputs (``None`` for
+        literals). Equations without a user source line (inside library code) get
+        ``caller_source``, the line of the call that was inlined."""
+        env: dict[Any, int | None] = {}
+        for var, const in zip(jaxpr.constvars, consts):
+            env[var] = self.new_input(_ConstAval(const), "const", False)
+        for var, v in zip(jaxpr.invars, in_ids):
+            env[var] = v
+
+        def read(atom: Any) -> int | None:
+            return None if isinstance(atom, Literal) else env[atom]
+
+        for eqn in jaxpr.eqns:
+            ins = [read(a) for a in eqn.invars]
+            body = _inlinable_body(eqn)
+            source = source_line(eqn) or caller_source
+            if body is not None:
+                sub_jaxpr, sub_consts = body
+                outs = self.inline(sub_jaxpr, sub_consts, ins, source)
+            else:
+                outs = [self.new_value(var.aval) for var in eqn.outvars]
+                flops, transcendentals, working_set = _cost(eqn)
+                name = eqn.primitive.name
+                fusion = ("loop" if name in _LOOP_FUSIBLE
+                          else "reduce" if name in _REDUCE_FUSIBLE
+                          else "view" if name in _VIEWS else "none")
+                self.ops.append(_PendingOp(name, [i for i in ins if i is not None], outs,
+                                           flops, transcendentals, source, fusion,
+                                           working_set, bool(eqn.effects)))
+            for var, v in zip(eqn.outvars, outs):
+                env[var] = v
+        return [read(a) for a in jaxpr.outvars]
+
+    def build(self, outputs: list[int]) -> Graph:
+        # Dead-code elimination, as the compiler does.
+        needed = [False] * len(self.value_bytes)
+        for v in outputs:
+            needed[v] = True
+        keep = [False] * len(self.ops)
+        for k in range(len(self.ops) - 1, -1, -1):
+            op = self.ops[k]
+            if op.effectful or any(needed[v] for v in op.outputs):
+                keep[k] = True
+                for v in op.inputs:
+                    needed[v] = True
+        builder = GraphBuilder()
+        new_id: list[int] = [-1] * len(self.value_bytes)
+        for v, name, donated in self.inputs:
+            new_id[v] = builder.add_input(self.value_bytes[v], shape=self.value_shapes[v],
+                                          name=name, donated=donated)
+        for op, kept in zip(self.ops, keep):
+            if not kept:
+                continue
+            made = builder.add_op(op.label, [new_id[v] for v in op.inputs],
+                                  [self.value_bytes[v] for v in op.outputs],
+                                  output_shapes=[self.value_shapes[v] for v in op.outputs],
+                                  flops=op.flops, transcendentals=op.transcendentals,
+                                  source=op.source, fusion=op.fusion,
+                                  working_set_bytes=op.working_set_bytes)
+            for v, m in zip(op.outputs, made):
+                new_id[v] = m
+        return builder.build([new_id[v] for v in outputs])
+
+    def _describe(self, aval: Any) -> tuple[int, str]:
+        try:
+            return self._aval_cache[aval]
+        except KeyError:
+            pass
+        except TypeError:  # unhashable aval
+            return _describe_aval(aval)
+        described = _describe_aval(aval)
+        self._aval_cache[aval] = described
+        return described
+
+
+def _describe_aval(aval: Any) -> tuple[int, str]:
+    shape = getattr(aval, "shape", None)
+    dtype = getattr(aval, "dtype", None)
+    text = aval.str_short() if hasattr(aval, "str_short") else str(aval)
+    if shape is None or dtype is None:
+        return 0, text  # tokens, refs and other non-array values
+    itemsize = getattr(dtype, "itemsize", None)
+    if not isinstance(itemsize, int):
+        return 0, text
+    return math.prod(shape) * itemsize, text
+
+
+class _ConstAval:
+    """The shape and dtype of a closed-over constant: what ``_describe_aval`` reads."""
+
+    def __init__(self, const: Any) -> None:
+        self.shape = tuple(getattr(const, "shape", ()))
+        self.dtype = getattr(const, "dtype", None)
+
+    def str_short(self) -> str:
+        return f"{self.dtype}{list(self.shape)}"
+
+
+def _inlinable_body(eqn: JaxprEqn) -> tuple[Jaxpr, list[Any]] | None:
+    name = eqn.primitive.name
+    if name in CONTROL_FLOW:
+        return None
+    params = eqn.params
+    for key in ("jaxpr", "call_jaxpr"):
+        body = params.get(key)
+        if isinstance(body, (ClosedJaxpr, Jaxpr)):
+            jaxpr, consts = open_jaxpr_and_consts(body)
+            if (len(jaxpr.invars) == len(eqn.invars)
+                    and len(jaxpr.outvars) == len(eqn.outvars)):
+                return jaxpr, consts
+    return None
+
+
+def _elements(aval: Any) -> int:
+    shape = getattr(aval, "shape", None)
+    return math.prod(shape) if shape is not None else 0
+
+
+def _cost(eqn: JaxprEqn) -> tuple[float, float, int]:
+    """``(flops, transcendentals, working_set_bytes)`` of a non-inlined equation."""
+    name = eqn.primitive.name
+    out_elements = sum(_elements(v.aval) for v in eqn.outvars)
+    if name == "dot_general":
+        (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+        lhs_shape = eqn.invars[0].aval.shape
+        contracted = math.prod(lhs_shape[d] for d in lhs_contract)
+        return 2.0 * out_elements * contracted, 0.0, 0
+    if name == "conv_general_dilated":
+        rhs = eqn.invars[1].aval.shape
+        out_feature_dim = eqn.params["dimension_numbers"].rhs_spec[0]
+        per_output = math.prod(rhs) // max(1, rhs[out_feature_dim])
+        return 2.0 * out_elements * per_output, 0.0, 0
+    if name in CONTROL_FLOW:
+        return _control_flow_cost(eqn)
+    if name in _TRANSCENDENTAL:
+        return float(out_elements), float(out_elements), 0
+    if name in _REDUCE_FUSIBLE or name.startswith("reduce") or name.startswith("cum"):
+        return float(sum(_elements(v.aval) for v in eqn.invars)), 0.0, 0
+    return float(out_elements), 0.0, 0
+
+
+def _control_flow_cost(eqn: JaxprEqn) -> tuple[float, float, int]:
+    name = eqn.primitive.name
+    params = eqn.params
+    if name == "scan":
+        bodies, repeat = [params["jaxpr"]], float(params["length"])
+    elif name == "while":
+        bodies, repeat = [params["body_jaxpr"], params["cond_jaxpr"]], 1.0  # trips unknown
+    else:
+        bodies, repeat = list(params["branches"]), 1.0
+    flops = transcendentals = 0.0
+    working_set = 0
+    for body in bodies:
+        graph = jaxpr_to_graph(body)
+        body_flops = sum(op.flops for op in graph.ops)
+        body_trans = sum(op.transcendentals for op in graph.ops)
+        if name == "cond":  # one branch runs
+            flops, transcendentals = max(flops, body_flops), max(transcendentals, body_trans)
+        else:
+            flops += repeat * body_flops
+            transcendentals += repeat * body_trans
+        working_set = max(working_set, _body_working_set(graph))
+    return flops, transcendentals, working_set
+
+
+def _body_working_set(graph: Graph) -> int:
+    """Bytes a body needs beyond its inputs and outputs (which live outside it)."""
+    if not graph.ops:
+        return 0
+    peak = simulate(graph, best_schedule(graph), check=False).peak_bytes
+    boundary = graph.total_bytes([*graph.inputs, *graph.outputs])
+    return max(0, peak - boundary)

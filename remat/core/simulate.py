@@ -1,0 +1,211 @@
+"""The memory simulator: bytes live at each step of a schedule.
+
+Every planning algorithm measures a schedule through :func:`simulate`, so that all of
+them agree on what "peak memory" means. The model, chosen to predict the footprint
+XLA reports (``argument + output + temp - alias`` bytes of ``memory_analysis()``):
+
+* **Program inputs** are live for the whole program: the caller owns them. A
+  *donated* input is freed after its last use instead.
+* **Program outputs** occupy their own buffers for the whole program: XLA allocates
+  result buffers apart from its temporaries (``output_size_in_bytes``). It sometimes
+  places a temporary inside a result buffer that is not written yet; we ignore that.
+* **Every other value** is allocated when the op that defines it runs and freed right
+  after the op that reads it last. A value nobody reads is freed right after it is
+  defined.
+* **Fusion** (``remat.core.fusion``): values passed between fused elementwise ops take
+  no memory. The fused ops of a chain really run at the op that consumes the chain
+  (its *anchor*), so the inputs of a fused op stay live until that anchor runs.
+* **During an op**, its inputs and its outputs are live together, plus its
+  ``working_set_bytes`` (the body of a loop or a conditional); then the inputs it was
+  the last reader of are freed. The peak is the largest "during" figure.
+
+Hazards: the compiler schedules the program itself (we predict with the best of our
+schedulers, as XLA's default scheduler does); its heap can fragment (we assume it
+does not); it may reuse an operand's buffer for an elementwise result (we do not
+count that saving); CSE and algebraic simplification may remove ops we count.
+
+Cost: O(ops + edges) with plain lists; 20,000 ops simulate in a few milliseconds.
+
+Example::
+
+    >>> from remat.core.graph import GraphBuilder
+    >>> b = GraphBuilder()
+    >>> x = b.add_input(100)
+    >>> (y,) = b.add_op("dot", [x], [200])
+    >>> (z,) = b.add_op("dot", [y], [50])
+    >>> simulate(b.build(outputs=[z]), (0, 1)).peak_bytes  # x + z from the start, + y
+    350
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from .fusion import fused_values, resident_bytes
+from .graph import Graph
+
+__all__ = ["Timeline", "simulate", "ScheduleError"]
+
+
+class ScheduleError(ValueError):
+    """A schedule is not a topological order of every op of its graph."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """What :func:`simulate` measured; lists are indexed by step (position in schedule).
+
+    Attributes:
+      schedule: the op ids in the order they run.
+      defined_bytes: bytes allocated by the op at each step.
+      freed_bytes: bytes freed right after each step.
+      live_during_bytes: bytes live while each step runs (inputs, outputs, scratch).
+      live_after_bytes: bytes live after each step (and its frees).
+      peak_bytes: the largest ``live_during_bytes`` (or the input bytes if no ops).
+      peak_step: the step where the peak is reached (-1 if no ops).
+      input_bytes: bytes of the program inputs, live from the start.
+      output_bytes: bytes of the program outputs that are not inputs, live from the
+        start too (their own buffers).
+      fused: for each value id, whether fusion keeps it out of memory.
+      last_use_step: for each value id, the step after which it is freed (-1 for
+        values that are never freed: non-donated inputs and program outputs).
+    """
+
+    schedule: tuple[int, ...]
+    defined_bytes: list[int]
+    freed_bytes: list[int]
+    live_during_bytes: list[int]
+    live_after_bytes: list[int]
+    peak_bytes: int
+    peak_step: int
+    input_bytes: int
+    output_bytes: int
+    fused: list[bool]
+    last_use_step: list[int]
+
+    def live_values_at(self, graph: Graph, step: int) -> list[int]:
+        """Ids of the values occupying memory while ``step`` runs (O(values))."""
+        defined_at = [-1] * len(graph.values)
+        for s, op_id in enumerate(self.schedule):
+            for v in graph.ops[op_id].outputs:
+                defined_at[v] = s
+        for v in graph.outputs:
+            defined_at[v] = -1  # result buffers exist from the start
+        live = []
+        for v, value in enumerate(graph.values):
+            if self.fused[v] or value.nbytes == 0:
+                continue
+            born = defined_at[v]
+            dies = self.last_use_step[v]
+            if born <= step and (dies == -1 or dies >= step):
+                live.append(v)
+        return live
+
+
+def check_schedule(graph: Graph, schedule: Sequence[int]) -> None:
+    """Raises :class:`ScheduleError` unless ``schedule`` runs every op once, in order."""
+    n = len(graph.ops)
+    if len(schedule) != n:
+        raise ScheduleError(f"the schedule has {len(schedule)} steps but the graph has "
+                            f"{n} ops; a schedule runs every op exactly once.")
+    position = [-1] * n
+    for step, op_id in enumerate(schedule):
+        if not 0 <= op_id < n or position[op_id] != -1:
+            raise ScheduleError(f"step {step} runs op {op_id}, which is not an op id or "
+                                "runs twice.")
+        position[op_id] = step
+    values = graph.values
+    for step, op_id in enumerate(schedule):
+        for v in graph.ops[op_id].inputs:
+            p = values[v].producer
+            if p is not None and position[p] > step:
+                raise ScheduleError(f"op {op_id} ({graph.ops[op_id].label}) runs at step "
+                                    f"{step} but reads value {v}, defined later by op {p} "
+                                    f"at step {position[p]}.")
+
+
+def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True) -> Timeline:
+    """Simulates the memory of running ``graph``'s ops in ``schedule`` order.
+
+    Arguments:
+      graph: the program.
+      schedule: every op id once, in a topological order (e.g. from a scheduler).
+      check: verify that ``schedule`` is a topological order (O(ops + edges)).
+
+    Returns:
+      a :class:`Timeline` (see the module docstring for the memory model).
+    """
+    schedule = tuple(schedule)
+    if check:
+        check_schedule(graph, schedule)
+    ops = graph.ops
+    users = graph.users
+    n_steps = len(schedule)
+    n_values = len(graph.values)
+    fused = fused_values(graph)
+    resident = resident_bytes(graph)
+
+    # The step at which each op really runs: a fused op runs with the last op that
+    # consumes the chain it belongs to.
+    anchor = [0] * len(ops)
+    for step in range(n_steps - 1, -1, -1):
+        op_id = schedule[step]
+        outs = ops[op_id].outputs
+        if outs and all(fused[v] for v in outs):
+            anchor[op_id] = max(anchor[u] for v in outs for u in users[v])
+        else:
+            anchor[op_id] = step
+
+    never_freed = [False] * n_values
+    for v in graph.outputs:
+        never_freed[v] = True
+    donated = graph.donated
+    for v in graph.inputs:
+        if v not in donated:
+            never_freed[v] = True
+
+    freed_bytes = [0] * n_steps
+    last_use_step = [-1] * n_values
+    for v in range(n_values):
+        if never_freed[v] or fused[v]:
+            continue
+        readers = users[v]
+        if readers:
+            last = max(anchor[u] for u in readers)
+        else:
+            p = graph.values[v].producer
+            last = anchor[p] if p is not None else -1
+            if last == -1:  # an unread donated input is free from the start
+                continue
+        last_use_step[v] = last
+        freed_bytes[last] += resident[v]
+
+    input_set = set(graph.inputs)
+    input_bytes = sum(graph.values[v].nbytes for v in input_set)
+    output_set = set(graph.outputs) - input_set
+    output_bytes = sum(graph.values[v].nbytes for v in output_set)
+    unread_donated = sum(graph.values[v].nbytes for v in input_set
+                         if v in donated and not users[v])
+    live = input_bytes + output_bytes - unread_donated
+    allocated_at_step = list(resident)
+    for v in output_set:
+        allocated_at_step[v] = 0  # allocated up front
+    defined_bytes = [0] * n_steps
+    live_during = [0] * n_steps
+    live_after = [0] * n_steps
+    peak, peak_step = live, -1
+    for step in range(n_steps):
+        op = ops[schedule[step]]
+        defined = 0
+        for v in op.outputs:
+            defined += allocated_at_step[v]
+        during = live + defined + op.working_set_bytes
+        defined_bytes[step] = defined
+        live_during[step] = during
+        if during > peak or peak_step == -1:  # live never exceeds the last "during"
+            peak, peak_step = during, step
+        live = live + defined - freed_bytes[step]
+        live_after[step] = live
+    return Timeline(schedule, defined_bytes, freed_bytes, live_during, live_after,
+                    peak, peak_step, input_bytes, output_bytes, fused, last_use_step)

@@ -1,0 +1,113 @@
+import time
+
+import pytest
+
+from remat.core.fusion import fused_values
+from remat.core.graph import GraphBuilder
+from remat.core.schedulers import SCHEDULERS
+from remat.core.simulate import ScheduleError, simulate
+
+from .random_graphs import chain, random_dag
+
+
+def test_chain_peak_is_input_output_and_two_temporaries():
+    g = chain(5, nbytes=100)  # x, t0..t3 temporaries, t4 output
+    tl = simulate(g, g.topological_order)
+    assert tl.input_bytes == 100 and tl.output_bytes == 100
+    assert tl.peak_bytes == 400  # x + out + (previous temporary + new temporary)
+    assert tl.live_after_bytes[-1] == 200
+
+
+def test_rejects_non_topological_schedule():
+    g = chain(3)
+    with pytest.raises(ScheduleError, match="defined later"):
+        simulate(g, (1, 0, 2))
+    with pytest.raises(ScheduleError, match="exactly once"):
+        simulate(g, (0, 1))
+
+
+def test_fused_elementwise_chain_takes_no_memory_but_keeps_its_inputs_alive():
+    b = GraphBuilder()
+    x = b.add_input(1000)
+    (d,) = b.add_op("dot", [x], [100])
+    (a,) = b.add_op("mul", [d], [100], fusion="loop")
+    (c,) = b.add_op("add", [a], [100], fusion="loop")
+    (s,) = b.add_op("reduce", [c], [4], fusion="reduce")
+    g = b.build(outputs=[s])
+    assert fused_values(g) == [False, False, True, True, False]
+    tl = simulate(g, g.topological_order)
+    # d lives until the reduction (the fusion's anchor), a and c never take memory.
+    assert tl.last_use_step[d] == 3
+    assert tl.peak_bytes == 1000 + 4 + 100
+    assert tl.defined_bytes == [100, 0, 0, 0]
+
+
+def test_multi_use_elementwise_is_materialized_unless_cheap_to_duplicate():
+    b = GraphBuilder()
+    x = b.add_input(100)
+    s = b.add_input(4)
+    (e,) = b.add_op("exp", [x], [100], fusion="loop", transcendentals=25)
+    (bcast,) = b.add_op("broadcast", [s], [100], fusion="loop")
+    (u,) = b.add_op("u", [e, bcast], [4], fusion="reduce")
+    (w,) = b.add_op("w", [e, bcast], [4], fusion="reduce")
+    g = b.build(outputs=[u, w])
+    fused = fused_values(g)
+    assert not fused[e]  # read by two fusions: XLA:CPU does not duplicate it
+    assert fused[bcast]  # a broadcast is duplicated into both
+
+
+def test_multi_use_value_inside_one_fusion_is_fused():
+    b = GraphBuilder()
+    x = b.add_input(100)
+    h = b.add_input(100)
+    (q,) = b.add_op("q", [x], [100], fusion="loop")
+    (r,) = b.add_op("mul", [q, h], [100], fusion="loop")
+    (s,) = b.add_op("add", [q, r], [100], fusion="loop")
+    (t,) = b.add_op("dot", [s], [100])
+    g = b.build(outputs=[t])
+    fused = fused_values(g)
+    assert fused[q] and fused[r] and not fused[s]
+
+
+def test_donated_input_is_freed_after_last_use():
+    b = GraphBuilder()
+    x = b.add_input(1000, donated=True)
+    (y,) = b.add_op("a", [x], [10])
+    (z,) = b.add_op("b", [y], [10])
+    tl = simulate(b.build(outputs=[z]), (0, 1))
+    assert tl.live_during_bytes == [1000 + 10 + 10, 10 + 10]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_invariants_on_random_dags(seed):
+    g = random_dag(seed, num_ops=50)
+    fused = fused_values(g)
+    for name, scheduler in SCHEDULERS.items():
+        schedule = scheduler(g)
+        tl = simulate(g, schedule)  # checks it is a topological order of every op
+        assert sorted(schedule) == list(range(len(g.ops))), name
+        assert all(f >= 0 for f in tl.freed_bytes)
+        assert all(b >= 0 for b in tl.live_after_bytes)
+        # Everything defined and not an output nor a kept input is freed by the end.
+        assert tl.live_after_bytes[-1] == tl.input_bytes - sum(
+            g.values[v].nbytes for v in set(g.inputs)
+            if v in g.donated and v not in g.outputs) + tl.output_bytes + sum(
+            g.values[v].nbytes for v in set(g.inputs) & set(g.outputs) & g.donated)
+        # The peak holds at least one op's materialized inputs and outputs.
+        largest_op = max(
+            sum(g.values[v].nbytes for v in set(op.inputs) | set(op.outputs) if not fused[v])
+            for op in g.ops)
+        assert tl.peak_bytes >= largest_op, name
+        assert tl.peak_bytes >= tl.input_bytes - sum(
+            g.values[v].nbytes for v in g.donated) + tl.output_bytes
+
+
+def test_simulating_20000_ops_is_fast():
+    g = random_dag(0, num_ops=20_000, num_inputs=10, window=50)
+    start = time.perf_counter()
+    for name in ("postorder", "dfs", "list"):
+        simulate(g, SCHEDULERS[name](g))
+    assert time.perf_counter() - start < 3.0  # typically ~0.5 s on 2 slow cores
+    start = time.perf_counter()
+    simulate(g, g.topological_order)
+    assert time.perf_counter() - start < 0.5
