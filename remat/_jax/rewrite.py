@@ -66,7 +66,8 @@ def _region_eqn(block_eqns, copies, read_later: set) -> core.JaxprEqn:
 
   copy_of: dict = {}       # original outvar -> its recomputed var inside the body
   for eqn, is_copy in zip(block_eqns, copies):
-    invars = [copy_of.get(v) or inner(v) for v in eqn.invars]
+    invars = [copy_of[v] if isinstance(v, core.Var) and v in copy_of else inner(v)
+              for v in eqn.invars]
     outvars = [core.Var(v.aval) for v in eqn.outvars]
     body_eqns.append(eqn.replace(invars=invars, outvars=outvars))
     for old, new in zip(eqn.outvars, outvars):

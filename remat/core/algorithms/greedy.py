@@ -121,19 +121,21 @@ def _candidates(graph: Graph, rw: Rewritten, tl: Timeline, options: RematOptions
         if p2 is None or not rw.is_copy[p2]:
             instance_value[v] = v2
 
+    anchor = _anchors(g2, tl)
     found = []
     for v2 in range(len(g2.values)):
         v = rw.value_origin[v2]
         p2 = g2.values[v2].producer
         if (p2 is None or rw.is_copy[p2] or v in rejected or v in inputs or
                 v in outputs or tl.fused[v2] or g2.values[v2].nbytes <
-                options.small_node_bytes or not live_at(v2, peak)):
+                options.small_node_bytes or not live_at(v2, peak) or born[v2] >= peak):
             continue
-        late = [u2 for u2 in g2.users[v2] if u2 > peak]
-        if not late:
+        late, fused_late = _late_uses(g2, tl, anchor, v2, peak)
+        if not late or any(rw.is_copy[u] for u in fused_late):
             continue
         when = min(late)
-        chain = _chain(graph, graph.values[v].producer, when, depth, strategy,
+        roots = [graph.values[v].producer] + [rw.origin[u] for u in fused_late]
+        chain = _chain(graph, roots, depth + len(fused_late), strategy,
                        lambda w: w in inputs or live_at(instance_value[w], when))
         if chain is None:
             continue
@@ -145,12 +147,45 @@ def _candidates(graph: Graph, rw: Rewritten, tl: Timeline, options: RematOptions
     return found
 
 
-def _chain(graph: Graph, producer: int, when: int, depth: int, strategy: Strategy,
+def _anchors(graph: Graph, tl: Timeline) -> list[int]:
+    """The step at which each op really runs: a fused op runs with the op that
+    consumes its fused chain (as the simulator models it)."""
+    anchor = list(range(len(graph.ops)))       # the rewritten schedule is 0..n-1
+    for op in range(len(graph.ops) - 1, -1, -1):
+        outs = graph.ops[op].outputs
+        if outs and all(tl.fused[v] for v in outs):
+            anchor[op] = max(anchor[u] for v in outs for u in graph.users[v])
+    return anchor
+
+
+def _late_uses(graph: Graph, tl: Timeline, anchor: list[int], value: int,
+               peak: int) -> tuple[list[int], list[int]]:
+    """Ops reading ``value`` after ``peak``: the readers scheduled after it, and
+    the early ops whose fused chains run after it (to be recomputed with the
+    value, since fusion would otherwise keep the value live until then)."""
+    late: list[int] = []
+    fused: list[int] = []
+    stack = [value]
+    seen: set[int] = set()
+    while stack:
+        for u in graph.users[stack.pop()]:
+            if u in seen or anchor[u] <= peak:
+                continue
+            seen.add(u)
+            if u > peak:          # scheduled late: a consumer (the schedule is 0..n-1)
+                late.append(u)
+            else:                 # scheduled early, fused into a late consumer
+                fused.append(u)
+                stack.extend(graph.ops[u].outputs)
+    return late, fused
+
+
+def _chain(graph: Graph, roots: Sequence[int], depth: int, strategy: Strategy,
            available: Callable[[int], bool]) -> tuple[int, ...] | None:
-    """Ops recomputing ``producer``'s outputs from available values, or None."""
+    """Ops recomputing the roots' outputs from available values, or None."""
     chain: list[int] = []
-    seen = {producer}
-    stack = [producer]
+    seen = set(roots)
+    stack = list(roots)
     while stack:
         op = stack.pop()
         if not strategy.allows(graph, op):
