@@ -165,6 +165,10 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
     def emit(op_id: int, rename: dict[int, int], copy: bool, k: int) -> None:
         op = graph.ops[op_id]
         ins = [rename.get(v, value_map[v]) for v in op.inputs]
+        if -1 in ins:
+            raise PlanError(f"op {op_id} ({op.label}) would read a value its own region "
+                            "defines later: a region cannot recompute from its own "
+                            "consumers' results.")
         outs = builder.add_op(
             op.label, ins, [graph.values[v].nbytes for v in op.outputs],
             flops=op.flops, transcendentals=op.transcendentals, source=op.source,

@@ -17,7 +17,7 @@ from ..options import RematOptions
 from .greedy import PlanResult, Strategy, run_greedy
 from .recomputable import recomputable
 
-__all__ = ["plan_compress", "is_expansion"]
+__all__ = ["plan_compress", "is_expansion", "COMPRESS"]
 
 #: Ops that only move or widen data.
 EXPANSIONS = frozenset({
@@ -37,8 +37,10 @@ def is_expansion(graph: Graph, op_id: int) -> bool:
                                           "expand_dims", "copy")
 
 
+COMPRESS = Strategy(allows=is_expansion, start_depth=4, grow=False)
+
+
 def plan_compress(graph: Graph, schedule: Sequence[int],
                   options: RematOptions) -> PlanResult:
     """Plans with the ``"compress"`` algorithm (see the module docstring)."""
-    return run_greedy(graph, schedule, options,
-                      Strategy(allows=is_expansion, start_depth=4, grow=False))
+    return run_greedy(graph, schedule, options, [COMPRESS])

@@ -1,18 +1,22 @@
 """The greedy engine the seed's algorithms share.
 
-State: a list of regions (``remat.core.plan``). One step, in the spirit of XLA's
-``HloRematerialization``: simulate the rewritten program, look at the values live
-at its peak, and for each that is read again after the peak, find the ops that
-would recompute it from values still live at that later point (its *chain*, at
-most ``depth`` ops). Score a candidate by bytes freed per unit of recompute cost,
-try the best ones, and keep the first that lowers the peak. When none does, allow
-longer chains (XLA's growing block size). Stop when the peak is under the limit.
+In the spirit of XLA's ``HloRematerialization``: look at the values live at the
+peak; for each that is read again after the peak, find the ops that would recompute
+it there from values still live at that point (its *chain*); take the one that
+frees the most bytes per unit of recompute cost; repeat until the peak is under
+the limit. When no candidate's chain fits, allow longer chains (XLA's growing
+block size).
 
-What differs between algorithms is which candidates are allowed and how long their
-chains may grow; each algorithm module passes a :class:`Strategy`.
+Speed: a step must not rebuild the program. The engine keeps, per step of the
+schedule, the bytes live (from one :func:`remat.core.simulate.simulate` of the
+original program) and updates it as values are dropped: a dropped value stops
+occupying memory between its last early reader and its first late reader, and its
+chain's outputs occupy memory again at the late reader. The regions it chooses are
+then applied once (``remat.core.plan.apply_plan``) and simulated for real; if the
+real peak is over the limit, the engine runs again aiming lower by the difference.
 
 Cost of an op: ``flops + 10 * transcendentals`` (the weighting of the seed's
-"path" algorithm). Every evaluation goes through :func:`remat.core.simulate`.
+"path" algorithm).
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from ..options import RematOptions
 from ..plan import Region, Rewritten, apply_plan
 from ..simulate import Timeline, simulate
 
-__all__ = ["PlanResult", "Strategy", "Candidate", "run_greedy", "op_cost", "evaluate"]
+__all__ = ["PlanResult", "Strategy", "Drop", "run_greedy", "op_cost", "evaluate",
+           "Estimate"]
 
-#: Candidates simulated per step before the chain length grows.
-_TRIES_PER_STEP = 8
+#: Times the engine re-aims when the real simulation misses the estimate.
+_REAIM = 4
 
 
 def op_cost(graph: Graph, op_id: int) -> float:
@@ -64,26 +69,12 @@ class PlanResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class Candidate:
-    value: int                  # original value id
-    chain: tuple[int, ...]      # original op ids to recompute
-    consumers: tuple[int, ...]  # original ops (outside copies) that read it late
-    into_regions: tuple[int, ...]  # regions whose copies read it late
-    nbytes: int
-    cost: float
-
-    @property
-    def score(self) -> float:
-        return self.nbytes / (self.cost + 1.0)
-
-
-@dataclasses.dataclass(frozen=True)
 class Strategy:
     """How an algorithm restricts the greedy search.
 
     Attributes:
       allows: ``(graph, op_id) -> bool``: whether an op may be recomputed.
-      start_depth: the chain length to start with.
+      start_depth: the longest chain to start with.
       grow: whether chains may grow up to ``options.max_chain_ops`` when stuck.
     """
 
@@ -92,92 +83,140 @@ class Strategy:
     grow: bool = True
 
 
+@dataclasses.dataclass(frozen=True)
+class Drop:
+    """A value no longer kept between ``early_end`` and ``first_late``: ``chain``
+    recomputes it for ``consumers``."""
+
+    value: int
+    chain: tuple[int, ...]
+    consumers: tuple[int, ...]
+    early_end: int
+    first_late: int
+    nbytes: int
+    rebuilt_bytes: int      # bytes the chain's outputs occupy at first_late
+    cost: float
+    extends: tuple[int, ...] = ()   # earlier drops whose chains read this value late
+
+    @property
+    def score(self) -> float:
+        return self.nbytes / (self.cost + 1.0)
+
+
 def evaluate(graph: Graph, schedule: Sequence[int],
              regions: Sequence[Region]) -> tuple[Rewritten, Timeline]:
+    """Applies ``regions`` and simulates the result (the real measure)."""
     rewritten = apply_plan(graph, schedule, regions)
     return rewritten, simulate(rewritten.graph, rewritten.schedule, check=False)
 
 
-def _candidates(graph: Graph, rw: Rewritten, tl: Timeline, options: RematOptions,
-                strategy: Strategy, depth: int, rejected: set[int]) -> list[Candidate]:
-    g2 = rw.graph
-    peak = tl.peak_step
-    inputs = set(graph.inputs)
-    outputs = set(graph.outputs)
-    born = [-1] * len(g2.values)
-    for step, op in enumerate(rw.schedule):
-        for v in g2.ops[op].outputs:
-            born[v] = step
+class Estimate:
+    """Bytes live per step of a schedule, updated as values are dropped."""
 
-    def live_at(v2: int, step: int) -> bool:
-        if g2.values[v2].producer is None:
-            return True
-        dies = tl.last_use_step[v2]
-        return born[v2] <= step and (dies == -1 or dies >= step)
+    def __init__(self, graph: Graph, schedule: Sequence[int], timeline: Timeline):
+        self.graph = graph
+        self.live = list(timeline.live_during_bytes)
+        self.position = [0] * graph.num_ops
+        for step, op in enumerate(schedule):
+            self.position[op] = step
+        self.fused = timeline.fused
+        self.born = [-1] * len(graph.values)
+        for op, step in enumerate(self.position):
+            for v in graph.ops[op].outputs:
+                self.born[v] = step
+        n = len(schedule)
+        # The step after which each value is gone: never for inputs and outputs,
+        # always for fused values (they never exist in memory to be reused).
+        self.dies = [-1 if self.fused[v] else n if d == -1 else d
+                     for v, d in enumerate(timeline.last_use_step)]
+        self.drops: list[Drop] = []
+        # value -> indices of drops whose chain reads it from outside the chain
+        self.readers: dict[int, list[int]] = {}
+        self.extended: set[int] = set()   # indices of drops whose chains grew
+        self.anchor = list(self.position)
+        for step in range(n - 1, -1, -1):
+            op = schedule[step]
+            outs = graph.ops[op].outputs
+            if outs and all(self.fused[v] for v in outs):
+                self.anchor[op] = max(self.anchor[u] for v in outs
+                                      for u in graph.users[v])
 
-    instance_value = {}
-    for v2, v in enumerate(rw.value_origin):
-        p2 = g2.values[v2].producer
-        if p2 is None or not rw.is_copy[p2]:
-            instance_value[v] = v2
+    def peak(self) -> tuple[int, int]:
+        """``(bytes, step)`` of the highest step."""
+        step = max(range(len(self.live)), key=self.live.__getitem__, default=-1)
+        return (self.live[step] if step >= 0 else 0), step
 
-    anchor = _anchors(g2, tl)
-    found = []
-    for v2 in range(len(g2.values)):
-        v = rw.value_origin[v2]
-        p2 = g2.values[v2].producer
-        if (p2 is None or rw.is_copy[p2] or v in rejected or v in inputs or
-                v in outputs or tl.fused[v2] or g2.values[v2].nbytes <
-                options.small_node_bytes or not live_at(v2, peak) or born[v2] >= peak):
-            continue
-        late, fused_late = _late_uses(g2, tl, anchor, v2, peak)
-        if not late or any(rw.is_copy[u] for u in fused_late):
-            continue
-        when = min(late)
-        roots = [graph.values[v].producer] + [rw.origin[u] for u in fused_late]
-        chain = _chain(graph, roots, depth + len(fused_late), strategy,
-                       lambda w: w in inputs or live_at(instance_value[w], when))
-        if chain is None:
-            continue
-        consumers = tuple(sorted({rw.origin[u] for u in late if not rw.is_copy[u]}))
-        into = tuple(sorted({rw.region[u] for u in late if rw.is_copy[u]}))
-        found.append(Candidate(v, chain, consumers, into, g2.values[v2].nbytes,
-                               sum(op_cost(graph, o) for o in chain)))
-    found.sort(key=lambda c: -c.score)
-    return found
+    def apply(self, d: Drop, sign: int = 1) -> None:
+        """Adjusts the live bytes for dropping ``d`` (``sign=1``) or keeping it
+        after all (``sign=-1``)."""
+        for s in range(d.early_end + 1, d.first_late):
+            self.live[s] -= sign * d.nbytes
+        if d.first_late < len(self.live):
+            self.live[d.first_late] += sign * d.rebuilt_bytes
 
+    def add(self, d: Drop) -> None:
+        """Records the drop ``d``; the drops it extends now recompute its chain."""
+        self.apply(d)
+        self.dies[d.value] = d.early_end
+        self.drops.append(d)
+        self._read(len(self.drops) - 1)
+        self.extended.update(d.extends)
+        for k in d.extends:
+            old = self.drops[k]
+            self.drops[k] = dataclasses.replace(
+                old, chain=tuple(sorted(set(old.chain) | set(d.chain))),
+                cost=old.cost + d.cost)
+            self._read(k)
 
-def _anchors(graph: Graph, tl: Timeline) -> list[int]:
-    """The step at which each op really runs: a fused op runs with the op that
-    consumes its fused chain (as the simulator models it)."""
-    anchor = list(range(len(graph.ops)))       # the rewritten schedule is 0..n-1
-    for op in range(len(graph.ops) - 1, -1, -1):
-        outs = graph.ops[op].outputs
-        if outs and all(tl.fused[v] for v in outs):
-            anchor[op] = max(anchor[u] for v in outs for u in graph.users[v])
-    return anchor
+    def _read(self, k: int) -> None:
+        graph, chain = self.graph, set(self.drops[k].chain)
+        for o in chain:
+            for w in graph.ops[o].inputs:
+                p = graph.values[w].producer
+                if p not in chain and k not in self.readers.setdefault(w, []):
+                    self.readers[w].append(k)
 
 
-def _late_uses(graph: Graph, tl: Timeline, anchor: list[int], value: int,
-               peak: int) -> tuple[list[int], list[int]]:
-    """Ops reading ``value`` after ``peak``: the readers scheduled after it, and
-    the early ops whose fused chains run after it (to be recomputed with the
-    value, since fusion would otherwise keep the value live until then)."""
+def _drop_for(est: Estimate, v: int, peak: int, depth: int, strategy: Strategy,
+              inputs: set[int]) -> Drop | None:
+    """How ``v`` would be dropped across ``peak``, or None if it cannot be."""
+    graph = est.graph
     late: list[int] = []
-    fused: list[int] = []
-    stack = [value]
-    seen: set[int] = set()
+    fused_early: list[int] = []
+    early_end = est.born[v]
+    stack, seen = [v], set()
     while stack:
         for u in graph.users[stack.pop()]:
-            if u in seen or anchor[u] <= peak:
+            if u in seen:
                 continue
             seen.add(u)
-            if u > peak:          # scheduled late: a consumer (the schedule is 0..n-1)
+            if est.anchor[u] <= peak:
+                early_end = max(early_end, est.anchor[u])
+            elif est.position[u] > peak:
                 late.append(u)
-            else:                 # scheduled early, fused into a late consumer
-                fused.append(u)
+            else:                          # runs late only through fusion
+                fused_early.append(u)
                 stack.extend(graph.ops[u].outputs)
-    return late, fused
+    extends = []
+    for k in est.readers.get(v, ()):
+        if est.drops[k].first_late <= peak:
+            early_end = max(early_end, est.drops[k].first_late)
+        else:
+            extends.append(k)
+    if not late and not extends:
+        return None
+    first_late = min([est.position[u] for u in late] +
+                     [est.drops[k].first_late for k in extends])
+    roots = [graph.values[v].producer, *fused_early]
+    chain = _chain(graph, roots, depth + len(fused_early), strategy,
+                   lambda w: w in inputs or est.dies[w] >= first_late)
+    if chain is None:
+        return None
+    rebuilt = sum(graph.values[w].nbytes for o in chain for w in graph.ops[o].outputs
+                  if not est.fused[w])
+    cost = sum(op_cost(graph, o) for o in chain) * (1 + len(extends))
+    return Drop(v, chain, tuple(sorted(late)), early_end, first_late,
+                graph.values[v].nbytes, rebuilt, cost, tuple(extends))
 
 
 def _chain(graph: Graph, roots: Sequence[int], depth: int, strategy: Strategy,
@@ -197,56 +236,73 @@ def _chain(graph: Graph, roots: Sequence[int], depth: int, strategy: Strategy,
             if available(w):
                 continue
             p = graph.values[w].producer
-            if p is None:
-                continue
-            if p not in seen:
+            if p is not None and p not in seen:
                 seen.add(p)
                 stack.append(p)
     return tuple(sorted(chain))
 
 
-def _with(regions: list[Region], c: Candidate) -> list[Region]:
-    new = list(regions)
-    for k in c.into_regions:
-        r = new[k]
-        new[k] = Region(tuple(sorted(set(r.recompute) | set(c.chain))), r.consumers)
-    if c.consumers:
-        new.append(Region(c.chain, c.consumers))
-    return new
+def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
+          ) -> None:
+    """Drops values at the estimated peak until it is within ``target``
+    (recorded in ``est.drops``)."""
+    graph = est.graph
+    inputs, outputs = set(graph.inputs), set(graph.outputs)
+    depth = strategy.start_depth
+    dropped = {d.value for d in est.drops}
+    while True:
+        peak_bytes, peak = est.peak()
+        if peak_bytes <= target:
+            return
+        best = None
+        for v in range(len(graph.values)):
+            if (v in dropped or v in inputs or v in outputs or est.fused[v] or
+                    graph.values[v].nbytes < max(options.small_node_bytes, 1) or
+                    not est.born[v] < peak <= est.dies[v]):
+                continue
+            d = _drop_for(est, v, peak, depth, strategy, inputs)
+            if (d is not None and d.early_end < peak < d.first_late and
+                    (best is None or d.score > best.score)):
+                best = d
+        if best is None:
+            if not strategy.grow or depth >= options.max_chain_ops:
+                return
+            depth = min(2 * depth, options.max_chain_ops)
+            continue
+        est.add(best)
+        dropped.add(best.value)
 
 
-def _better(old: Timeline, new: Timeline) -> bool:
-    if new.peak_bytes != old.peak_bytes:
-        return new.peak_bytes < old.peak_bytes
-    return sum(new.live_during_bytes) < sum(old.live_during_bytes)
+def regions_of(drops: Sequence[Drop]) -> list[Region]:
+    return [Region(d.chain, d.consumers) for d in drops]
 
 
 def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
-               strategy: Strategy, regions: Sequence[Region] = ()) -> PlanResult:
-    """Adds regions to ``regions`` until the simulated peak is within the limit or
-    nothing more helps; returns the best plan found."""
+               phases: Sequence[Strategy],
+               keep: Callable[[Estimate, int], list[Drop]] | None = None,
+               ) -> PlanResult:
+    """Plans with the estimate, checks with the simulator, re-aims if needed.
+
+    ``phases`` run one after the other on the same estimate (e.g. compress, then
+    standard). ``keep``, if given, prunes the drops chosen for a target (``path``'s
+    de-rematerialization) before they are applied.
+    """
     limit = options.memory_limit_bytes
     baseline = simulate(graph, schedule)
-    regions = list(regions)
-    rw, tl = evaluate(graph, schedule, regions)
-    depth = strategy.start_depth
-    rejected: set[int] = set()
-    while tl.peak_bytes > limit:
-        candidates = _candidates(graph, rw, tl, options, strategy, depth, rejected)
-        accepted = False
-        for c in candidates[:_TRIES_PER_STEP]:
-            trial = _with(regions, c)
-            rw2, tl2 = evaluate(graph, schedule, trial)
-            if _better(tl, tl2):
-                regions, rw, tl = list(rw2.regions), rw2, tl2
-                rejected.clear()
-                accepted = True
-                break
-            rejected.add(c.value)
-        if accepted or candidates[_TRIES_PER_STEP:]:
-            continue
-        if not strategy.grow or depth >= options.max_chain_ops:
+    best: PlanResult | None = None
+    target = limit
+    for _ in range(_REAIM):
+        est = Estimate(graph, schedule, baseline)
+        for strategy in phases:
+            sweep(est, target, options, strategy)
+        drops = est.drops
+        if keep is not None:
+            drops = keep(est, target)
+        rw, tl = evaluate(graph, schedule, regions_of(drops))
+        result = PlanResult(tuple(rw.regions), rw, tl, baseline, limit)
+        if best is None or tl.peak_bytes < best.timeline.peak_bytes:
+            best = result
+        if result.met or not drops:
             break
-        depth = min(2 * depth, options.max_chain_ops)
-        rejected.clear()
-    return PlanResult(tuple(regions), rw, tl, baseline, limit)
+        target -= tl.peak_bytes - limit     # the estimate was optimistic: aim lower
+    return best

@@ -6,9 +6,9 @@ from typing import Sequence
 
 from ..graph import Graph
 from ..options import RematOptions
-from .compress import plan_compress
-from .greedy import PlanResult, Strategy, run_greedy
-from .recomputable import recomputable
+from .compress import COMPRESS
+from .greedy import PlanResult, run_greedy
+from .standard import STANDARD
 
 __all__ = ["plan_standardcompress"]
 
@@ -16,8 +16,4 @@ __all__ = ["plan_standardcompress"]
 def plan_standardcompress(graph: Graph, schedule: Sequence[int],
                           options: RematOptions) -> PlanResult:
     """Plans with ``"compress"``, then continues with ``"standard"``."""
-    first = plan_compress(graph, schedule, options)
-    if first.met:
-        return first
-    return run_greedy(graph, schedule, options, Strategy(allows=recomputable),
-                      regions=first.regions)
+    return run_greedy(graph, schedule, options, [COMPRESS, STANDARD])
