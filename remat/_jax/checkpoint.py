@@ -59,6 +59,8 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
   >>> g.shape
   (4, 4)
   """
+  if not callable(fun):
+    raise TypeError(f"remat.checkpoint: fun must be callable, got {fun!r}.")
   static_argnums = _check_static_argnums(static_argnums)
   prevent_cse = _check_prevent_cse(prevent_cse)
   if lowering is not None and lowering not in STRATEGIES:
