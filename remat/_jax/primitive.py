@@ -321,3 +321,27 @@ def remat_dce(used_outputs: list[bool], eqn: core.JaxprEqn):
   return used_inputs, new_eqn
 
 pe.dce_rules[remat_p] = remat_dce
+
+
+# --------------------------------------------------------------- state discharge
+# Takes the avals of the inputs and outputs and the arguments, each ``Ref``
+# argument replaced by its value; returns the ``Ref``s' final values (None for the
+# other arguments) and the outputs. Needed to lower a region that reads or writes
+# a ``Ref`` (``jax.new_ref``) it closes over or receives.
+
+def remat_discharge(in_avals, out_avals, *args, jaxpr: core.Jaxpr, prevent_cse,
+                    **params):
+  del out_avals
+  # The discharged body returns the outputs, then each Ref argument's final value.
+  discharged = compat.state_discharge.discharge_state(pe.close_jaxpr(jaxpr))
+  consts = discharged.consts
+  outs = remat_p.bind(
+      *consts, *args, jaxpr=pe.convert_constvars_jaxpr(discharged.jaxpr),
+      prevent_cse=_cse_extend(prevent_cse, len(consts), 0), **params)
+  num_outs = len(jaxpr.outvars)
+  final_refs = iter(outs[num_outs:])
+  new_args = [next(final_refs) if isinstance(a, compat.AbstractRef) else None
+              for a in in_avals]
+  return new_args, outs[:num_outs]
+
+compat.state_discharge.register_discharge_rule(remat_p)(remat_discharge)
