@@ -265,3 +265,29 @@ def test_wrapper_keeps_name_and_docstring():
   assert ck.__name__ == "my_layer"
   assert ck.__doc__ == "Docs."
   assert partial(remat.remat, static_argnums=0)(my_layer).__wrapped__ is my_layer
+
+
+@pytest.mark.parametrize("bad", [((True,), True), ((True, False, True), False),
+                                 (True, (True, False)), ({"a": True}, True)])
+def test_prevent_cse_structure_mismatch(bad):
+  ck = remat.checkpoint(lambda t, y: jnp.sin(t[0] * t[1]) * y, prevent_cse=bad)
+  with pytest.raises(ValueError, match=r"prevent_cse entry .* for positional "
+                                       r"argument \d does not match"):
+    ck((1., 2.), 3.)
+
+
+def test_prevent_cse_pytree_entries():
+  def f(params, x):
+    return jnp.sin(params["w"] * x) + params["b"][0] * params["b"][1]
+
+  params = {"w": 2., "b": (3., 4.)}
+  expected = jax.grad(f)(params, 1.5)
+  # Per-leaf flags with the argument's structure, or a prefix of it.
+  for flags in [({"w": True, "b": (False, True)}, False),
+                ({"w": True, "b": False}, True)]:
+    ck = remat.checkpoint(f, prevent_cse=flags)
+    jaxpr = jax.make_jaxpr(ck)(params, 1.5)
+    eqn, = jaxpr.jaxpr.eqns
+    assert len(eqn.params["prevent_cse"]) == len(eqn.invars)
+    got = jax.jit(jax.grad(ck))(params, 1.5)
+    jax.tree_util.tree_map(np.testing.assert_allclose, got, expected)
