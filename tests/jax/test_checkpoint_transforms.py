@@ -579,3 +579,95 @@ def test_refs_inside_checkpoint():
     xs = rand(2, 3)
     close(jax.jit(jax.vmap(partial(fun, remat.checkpoint)))(xs),
           jax.vmap(partial(fun, jax.checkpoint))(xs))
+
+
+# ----------------------------------------------- more JAX features inside/around
+
+def _sum_of(f):
+  return lambda *a: jnp.sum(f(*a))
+
+
+def test_mixed_with_jax_checkpoint():
+  inner_fn = lambda w, h: jnp.tanh(h @ w)
+  plain = lambda w, x: jnp.sum(jnp.sin(inner_fn(w, x) @ w) * x)
+  jax_in_remat = remat.checkpoint(
+      lambda w, x: jnp.sum(jnp.sin(jax.checkpoint(inner_fn)(w, x) @ w) * x))
+  remat_in_jax = jax.checkpoint(
+      lambda w, x: jnp.sum(jnp.sin(remat.checkpoint(inner_fn)(w, x) @ w) * x),
+      policy=jax.checkpoint_policies.dots_saveable)
+  w, x = rand(3, 3), rand(3)
+  for mixed in (jax_in_remat, remat_in_jax):
+    close(jax.jit(jax.grad(mixed, (0, 1)))(w, x), jax.grad(plain, (0, 1))(w, x))
+    close(jax.hessian(mixed, 1)(w, x), jax.hessian(plain, 1)(w, x))
+
+
+def test_shard_map():
+  mesh = jax.make_mesh((1,), ("d",))
+  spec = jax.sharding.PartitionSpec()
+  f = lambda a: jnp.sin(jnp.sin(a)) * a
+  inside = jax.shard_map(remat.checkpoint(f), mesh=mesh, in_specs=spec,
+                         out_specs=spec)
+  outside = remat.checkpoint(jax.shard_map(f, mesh=mesh, in_specs=spec,
+                                           out_specs=spec))
+  x = rand(4)
+  for g in (inside, outside):
+    close(jax.jit(jax.grad(_sum_of(g)))(x), jax.grad(_sum_of(f))(x))
+
+
+def test_collectives_under_vmap():
+  f = lambda a: jnp.sin(a) * lax.psum(a, "i")
+  ck = remat.checkpoint(f)
+  x = rand(4)
+  close(jax.jit(jax.vmap(jax.grad(_sum_of(ck)), axis_name="i"))(x),
+        jax.vmap(jax.grad(_sum_of(f)), axis_name="i")(x))
+  batched = lambda g: lambda xs: jnp.sum(jax.vmap(g, axis_name="i")(xs))
+  close(jax.jit(jax.grad(batched(ck)))(x), jax.grad(batched(f))(x))
+
+
+def test_linear_transpose_of_linearized():
+  f = lambda a: jnp.sin(jnp.sin(a)) * a
+  x = rand(4)
+  _, f_lin = jax.linearize(remat.checkpoint(f), x)
+  close(jax.linear_transpose(f_lin, x)(x), jax.vjp(f, x)[1](x))
+
+
+def test_has_aux_and_typed_keys():
+  def f(a, key):
+    noise = jax.random.normal(key, a.shape)
+    return jnp.sum(jnp.sin(a) * noise), {"noise": noise}
+
+  x, key = rand(3), jax.random.key(3)
+  got = jax.jit(jax.grad(remat.checkpoint(f), has_aux=True))(x, key)
+  close(got, jax.grad(f, has_aux=True)(x, key))
+  keys = jax.random.split(key, 2)
+  close(jax.vmap(jax.grad(remat.checkpoint(f), has_aux=True), (None, 0))(x, keys),
+        jax.vmap(jax.grad(f, has_aux=True), (None, 0))(x, keys))
+
+
+def test_custom_derivative_variants():
+  @partial(jax.custom_vjp, nondiff_argnums=(0,))
+  def apply(fn, a):
+    return fn(a)
+
+  apply.defvjp(lambda fn, a: (fn(a), a),
+               lambda fn, a, g: (jax.vjp(fn, a)[1](g)[0] * 2,))
+
+  @jax.custom_jvp
+  def mul(a, b):
+    return a * b
+
+  @partial(mul.defjvp, symbolic_zeros=True)
+  def mul_jvp(primals, tangents):
+    (a, b), (ta, tb) = primals, tangents
+    out = jnp.zeros_like(a * b)
+    if type(ta) is not jax.custom_derivatives.SymbolicZero:
+      out = out + ta * b
+    if type(tb) is not jax.custom_derivatives.SymbolicZero:
+      out = out + a * tb
+    return mul(a, b), out
+
+  f = lambda a, b: jnp.sum(apply(jnp.sin, mul(a, lax.stop_gradient(b)) * 2.))
+  x, y = rand(4), rand(4)
+  ck = remat.checkpoint(f)
+  close(jax.jit(jax.grad(ck, (0, 1)))(x, y), jax.grad(f, (0, 1))(x, y))
+  close(jax.grad(ck)(x, y), jax.grad(f)(x, y))
