@@ -16,9 +16,9 @@ Left out, because they test JAX internals that ``remat`` does not share:
   trace too and no longer raises there; remat behaves the same.
 - ``test_remat_jit_static_argnum_omnistaging``: it tests ``core.call_p`` under
   ``jax.jit``, not remat.
-- the offloading tests (``offload_dot_with_no_batch_dims`` and friends): they
-  need a device with a host memory space; CPU has none (policy decisions are
-  checked in test_policies.py).
+- the offloading tests (``test_remat_scan_jaxpr_offloadable`` and friends): they
+  need a multi-device mesh and read compiled host-memory statistics; the
+  offloading policies are exercised in test_policies.py instead.
 
 Deliberate difference: ``jax.checkpoint`` lets a *concrete* tracer (e.g. from an
 outer ``jax.grad``) be passed at a static position; ``remat.checkpoint`` rejects

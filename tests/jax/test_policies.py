@@ -2,7 +2,8 @@
 
 The function below has a dot without batch dimensions (``x @ w``, f32[2,5]), a
 batched dot (f32[4,2,2]), elementwise operations, and three named values; its
-residual shapes and descriptions tell which values a policy kept.
+residual shapes and descriptions tell which values a policy kept. The offloading
+policies run too: this jax gives the CPU device a pinned_host memory space.
 """
 
 from __future__ import annotations
@@ -300,3 +301,18 @@ def test_named_residual_names_the_users_line():
   assert aval.shape == (2, 5)
   assert src.startswith("named 'a' from ")
   assert "test_policies.py" in src and "(f)" in src
+
+
+def test_offloading_policies_run_on_cpu():
+  # This jax's CPU device has a pinned_host memory space, so the offloading
+  # policies run end to end: the gradients match, eagerly and under jit.
+  names = P.save_and_offload_only_these_names(
+      names_which_can_be_saved=["a"], names_which_can_be_offloaded=["b", "c"],
+      offload_src="device", offload_dst="pinned_host")
+  dots = P.offload_dot_with_no_batch_dims("device", "pinned_host")
+  for policy in (names, dots):
+    grads_match(policy)
+    got = jax.jit(jax.grad(remat.checkpoint(f, policy=policy), (0, 1, 2)))(*ARGS)
+    want = jax.grad(f, (0, 1, 2))(*ARGS)
+    for g, w in zip(got, want):
+      np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
