@@ -121,13 +121,11 @@ def test_vmap():
   xs = rand(5, 2, 3)
   close(jax.vmap(ck, (None, None, 0))(w1, w2, xs),
         jax.vmap(block, (None, None, 0))(w1, w2, xs))
-  # Per-example gradients, and gradients of a batched function.
-  close(jax.vmap(jax.grad(scalar(ck), (0, 1)), (None, None, 0))(w1, w2, xs),
-        jax.vmap(jax.grad(scalar(block), (0, 1)), (None, None, 0))(w1, w2, xs))
+  # Gradients of a batched function.
   batched = lambda f: lambda w1, w2, xs: jax.vmap(f, (None, None, 0))(w1, w2, xs)
   close(jax.grad(scalar(batched(ck)), (0, 1, 2))(w1, w2, xs),
         jax.grad(scalar(batched(block)), (0, 1, 2))(w1, w2, xs))
-  # Batched along a non-leading axis, and with batched weights.
+  # Per-example gradients, batched along a non-leading axis, with batched weights.
   w1s = rand(5, 3, 4)
   close(jax.vmap(jax.grad(scalar(ck)), (0, None, 1))(w1s, w2, xs.transpose(1, 0, 2)),
         jax.vmap(jax.grad(scalar(block)), (0, None, 1))(
@@ -671,3 +669,55 @@ def test_custom_derivative_variants():
   ck = remat.checkpoint(f)
   close(jax.jit(jax.grad(ck, (0, 1)))(x, y), jax.grad(f, (0, 1))(x, y))
   close(jax.grad(ck)(x, y), jax.grad(f)(x, y))
+
+
+# ------------------------------------------------------ random programs (hypothesis)
+
+_STEPS = [
+    lambda i, h, w, x: jnp.sin(h),
+    lambda i, h, w, x: jnp.tanh(h) * x,
+    lambda i, h, w, x: h @ w,
+    lambda i, h, w, x: remat.checkpoint_name(h * 1.5, f"n{i % 3}"),
+    lambda i, h, w, x: jnp.cos(h) + h,
+    lambda i, h, w, x: jnp.einsum("i,ij->j", h, w) * jnp.sum(x),
+]
+_RANDOM_POLICIES = [
+    None, remat.checkpoint_policies.dots_saveable,
+    remat.checkpoint_policies.everything_saveable,
+    remat.checkpoint_policies.save_only_these_names("n0", "n2"),
+    remat.checkpoint_policies.save_any_names_but_these("n1"),
+    remat.checkpoint_policies.save_anything_except_these_names("n0"),
+]
+
+
+def _program(steps, checkpointed: bool):
+  """Composes ``steps`` (step, wrap, policy, prevent_cse); when ``checkpointed``,
+  the prefix ending at each step with ``wrap`` set becomes a nested checkpoint."""
+  fn = lambda h, w, x: h
+  for i, (step, wrap, policy, cse) in enumerate(steps):
+    fn = partial(lambda prev, i, step, h, w, x: _STEPS[step](i, prev(h, w, x), w, x),
+                 fn, i, step)
+    if checkpointed and wrap:
+      fn = remat.checkpoint(fn, policy=_RANDOM_POLICIES[policy], prevent_cse=cse)
+  return fn
+
+
+def test_random_programs():
+  from hypothesis import HealthCheck, given, settings, strategies as st
+
+  steps = st.lists(st.tuples(st.integers(0, len(_STEPS) - 1), st.booleans(),
+                             st.integers(0, len(_RANDOM_POLICIES) - 1),
+                             st.booleans()), min_size=1, max_size=5)
+
+  @settings(max_examples=8, deadline=None, derandomize=True,
+            suppress_health_check=list(HealthCheck))
+  @given(steps, st.sampled_from([None, *LOWERINGS]), st.booleans())
+  def check(program, lowering, use_jit):
+    ck = remat.checkpoint(_program(program, True), lowering=lowering)
+    plain = _program(program, False)
+    grad = lambda f: jax.grad(lambda *a: jnp.sum(f(*a)), (0, 1, 2))
+    args = rand(3), rand(3, 3) * 0.5, rand(3)
+    got = (jax.jit(grad(ck)) if use_jit else grad(ck))(*args)
+    close(got, grad(plain)(*args))
+
+  check()

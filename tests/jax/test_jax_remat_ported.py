@@ -49,10 +49,10 @@ from remat import checkpoint_name, saved_residuals
 HIGHEST = lax.Precision.HIGHEST
 
 # The variants every basic test runs under: JAX parameterizes the same way over
-# its old and new implementations and a policy that saves nothing.
+# its old and new implementations and a policy that saves nothing. (remat.remat
+# is checked to be the same function in test_remat_alias.)
 VARIANTS = {
     "default": remat.checkpoint,
-    "alias": remat.remat,
     "policy": partial(remat.checkpoint, policy=lambda *_, **__: False),
     "no_cse": partial(remat.checkpoint, prevent_cse=False),
 }
@@ -96,6 +96,14 @@ def test_remat_basic(ckpt):
   # The linear function recomputes sin(2.) once and needs two cosines.
   assert len(sin_calls) == 1
   assert len(cos_calls) == 2
+
+
+def test_remat_alias():
+  f = lambda x: jnp.sin(jnp.sin(x))
+  g = remat.remat(f, policy=remat.checkpoint_policies.dots_saveable,
+                  prevent_cse=False, lowering="while")
+  close(jax.jit(jax.grad(g))(2.), jax.grad(f)(2.))
+  assert g.__wrapped__ is f
 
 
 @variants
@@ -496,7 +504,24 @@ def test_remat_of_scan(policy):
   assert (" cos " in str(jaxpr)) == (not saves_all)
 
 
-def test_remat_of_while_loop():
+def test_const_in_jvp_scan():
+  # A checkpointed function with an array constant, jvp'd inside a jitted scan.
+  @remat.checkpoint
+  def f(x):
+    return x * jnp.arange(1., 4.)
+
+  @jax.jit
+  def g(x):
+    return lax.scan(lambda c, _: (f(c), None), x, None, length=2)[0]
+
+  x = jnp.ones(3)
+  y, y_dot = jax.jvp(g, (x,), (x,))
+  close(y, jnp.arange(1., 4.) ** 2)
+  close(y_dot, jnp.arange(1., 4.) ** 2)
+
+
+@pytest.mark.parametrize("policy", [None, remat.checkpoint_policies.everything_saveable])
+def test_remat_of_while_loop(policy):
   def cond_fn(carry):
     i, _ = carry
     return i < 3
@@ -509,11 +534,12 @@ def test_remat_of_while_loop():
     _, y = lax.while_loop(cond_fn, body_fn, (0, x))
     return y
 
-  _, f_lin = jax.linearize(remat.checkpoint(f), 3.)
+  _, f_lin = jax.linearize(remat.checkpoint(f, policy=policy), 3.)
   expected = jax.grad(lambda x: jnp.sin(jnp.sin(jnp.sin(x))))(3.)
   close(f_lin(1.0), expected)
 
-  jaxpr = jax.make_jaxpr(jax.linearize(remat.checkpoint(f), 4.)[1])(1.)
+  # A while loop cannot be split: all of it runs again in the linear function.
+  jaxpr = jax.make_jaxpr(jax.linearize(remat.checkpoint(f, policy=policy), 4.)[1])(1.)
   assert " sin " in str(jaxpr)
   assert " cos " in str(jaxpr)
 
