@@ -61,11 +61,8 @@ _ELEMENTWISE = _TRANSCENDENTAL | frozenset({
 #: Ops that fuse with their neighbours (elementwise and data movement).
 _LOOP_FUSIBLE = _ELEMENTWISE | frozenset({
     "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "iota", "slice",
-    "concatenate", "pad", "dynamic_slice",
+    "concatenate", "pad", "rev", "dynamic_slice",
 })
-
-#: Ops folded into whatever reads them (XLA reverses a kernel inside the convolution).
-_VIEWS = frozenset({"rev"})
 
 #: Ops that absorb fusible producers but materialize their results.
 _REDUCE_FUSIBLE = frozenset({
@@ -158,8 +155,7 @@ class _Flattener:
                 flops, transcendentals, working_set = _cost(eqn)
                 name = eqn.primitive.name
                 fusion = ("loop" if name in _LOOP_FUSIBLE
-                          else "reduce" if name in _REDUCE_FUSIBLE
-                          else "view" if name in _VIEWS else "none")
+                          else "reduce" if name in _REDUCE_FUSIBLE else "none")
                 self.ops.append(_PendingOp(name, [i for i in ins if i is not None], outs,
                                            flops, transcendentals, source, fusion,
                                            working_set, bool(eqn.effects)))
