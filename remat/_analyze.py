@@ -90,7 +90,8 @@ def analyze(fun: Callable[..., Any], *args: Any, scheduler: str = "best",
     """Predicts the memory XLA will need to run ``fun(*args, **kwargs)``.
 
     Traces ``fun`` with ``jax.make_jaxpr`` (nothing is compiled or run), converts the
-    whole program into a graph (``remat._jax.to_graph``), orders it with
+    whole program into a graph (``remat._jax.to_graph``; on the CPU backend, 16-bit
+    matmuls are modelled as the f32 computations XLA:CPU runs), orders it with
     ``scheduler`` and simulates the bytes live at each step.
 
     Arguments:
@@ -114,7 +115,8 @@ def analyze(fun: Callable[..., Any], *args: Any, scheduler: str = "best",
     schedule_fn = get_scheduler(scheduler)
     closed_jaxpr = jax.make_jaxpr(fun)(*args, **kwargs)
     with _gc_paused():
-        graph = jaxpr_to_graph(closed_jaxpr)
+        graph = jaxpr_to_graph(closed_jaxpr,
+                               upcast_half_precision_matmuls=jax.default_backend() == "cpu")
         timeline = simulate(graph, schedule_fn(graph), check=False)
     return MemoryReport(graph, timeline, scheduler)
 

@@ -72,12 +72,17 @@ _REDUCE_FUSIBLE = frozenset({
 
 
 def jaxpr_to_graph(closed_jaxpr: ClosedJaxpr | Jaxpr, *,
-                   donated: Sequence[bool] | None = None) -> Graph:
+                   donated: Sequence[bool] | None = None,
+                   upcast_half_precision_matmuls: bool = False) -> Graph:
     """Converts a (closed) jaxpr into a planning graph.
 
     Arguments:
       closed_jaxpr: e.g. ``jax.make_jaxpr(jax.grad(loss))(params, batch)``.
       donated: for each of the jaxpr's inputs, whether its buffer is donated.
+      upcast_half_precision_matmuls: model XLA:CPU, which runs bf16/f16 dots and
+        convolutions in f32: each 16-bit operand gets one f32 copy (shared by every
+        matmul that reads it, as XLA's CSE shares it), the matmul writes f32, and a
+        convert brings the result back to 16 bits.
 
     Returns:
       a :class:`remat.core.graph.Graph`; its inputs are the jaxpr's inputs in order,
@@ -87,7 +92,7 @@ def jaxpr_to_graph(closed_jaxpr: ClosedJaxpr | Jaxpr, *,
     if donated is not None and len(donated) != len(jaxpr.invars):
         raise ValueError(f"donated has {len(donated)} flags but the jaxpr has "
                          f"{len(jaxpr.invars)} inputs; give one flag per input.")
-    flat = _Flattener()
+    flat = _Flattener(upcast_half_precision_matmuls)
     arg_ids = [flat.new_input(v.aval, "", bool(donated[i]) if donated else False)
                for i, v in enumerate(jaxpr.invars)]
     out_ids = flat.inline(jaxpr, consts, arg_ids)
@@ -111,7 +116,9 @@ class _PendingOp(NamedTuple):
 class _Flattener:
     """Inlines a jaxpr into flat lists of values and ops, then builds the graph."""
 
-    def __init__(self) -> None:
+    def __init__(self, upcast_half_precision_matmuls: bool = False) -> None:
+        self.upcast = upcast_half_precision_matmuls
+        self._f32_copy: dict[int, int] = {}  # 16-bit value -> its f32 copy
         self.value_bytes: list[int] = []
         self.value_shapes: list[str] = []
         self.inputs: list[tuple[int, str, bool]] = []  # (value, name, donated)
@@ -150,6 +157,8 @@ class _Flattener:
             if body is not None:
                 sub_jaxpr, sub_consts = body
                 outs = self.inline(sub_jaxpr, sub_consts, ins, source)
+            elif self.upcast and _is_half_precision_matmul(eqn):
+                outs = self._add_upcast_matmul(eqn, ins, source)
             else:
                 outs = [self.new_value(var.aval) for var in eqn.outvars]
                 flops, transcendentals, working_set = _cost(eqn)
@@ -162,6 +171,41 @@ class _Flattener:
             for var, v in zip(eqn.outvars, outs):
                 env[var] = v
         return [read(a) for a in jaxpr.outvars]
+
+    def _add_upcast_matmul(self, eqn: JaxprEqn, ins: list[int | None], source: str
+                           ) -> list[int]:
+        """A 16-bit matmul as XLA:CPU runs it: f32 copies in, f32 out, convert back."""
+        f32_ins = []
+        for atom, v in zip(eqn.invars, ins):
+            if v is None:
+                continue
+            if not _is_half_float(atom.aval):
+                f32_ins.append(v)
+                continue
+            if v not in self._f32_copy:
+                copy = self._new_sized_value(2 * self.value_bytes[v],
+                                             "f32" + _dims(self.value_shapes[v]))
+                self.ops.append(_PendingOp("convert_element_type", [v], [copy],
+                                           float(_elements(atom.aval)), 0.0, source,
+                                           "loop", 0, False))
+                self._f32_copy[v] = copy
+            f32_ins.append(self._f32_copy[v])
+        (out_var,) = eqn.outvars
+        out = self.new_value(out_var.aval)
+        wide = self._new_sized_value(2 * self.value_bytes[out],
+                                     "f32" + _dims(self.value_shapes[out]))
+        flops, transcendentals, _ = _cost(eqn)
+        self.ops.append(_PendingOp(eqn.primitive.name, f32_ins, [wide], flops,
+                                   transcendentals, source, "none", 0, False))
+        self.ops.append(_PendingOp("convert_element_type", [wide], [out],
+                                   float(_elements(out_var.aval)), 0.0, source, "loop", 0,
+                                   False))
+        return [out]
+
+    def _new_sized_value(self, nbytes: int, shape: str) -> int:
+        self.value_bytes.append(nbytes)
+        self.value_shapes.append(shape)
+        return len(self.value_bytes) - 1
 
     def build(self, outputs: list[int]) -> Graph:
         # Dead-code elimination, as the compiler does.
@@ -241,6 +285,23 @@ def _inlinable_body(eqn: JaxprEqn) -> tuple[Jaxpr, list[Any]] | None:
                     and len(jaxpr.outvars) == len(eqn.outvars)):
                 return jaxpr, consts
     return None
+
+
+def _is_half_float(aval: Any) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    return dtype is not None and getattr(dtype, "name", "") in ("bfloat16", "float16")
+
+
+def _is_half_precision_matmul(eqn: JaxprEqn) -> bool:
+    return (eqn.primitive.name in ("dot_general", "conv_general_dilated")
+            and len(eqn.outvars) == 1
+            and any(_is_half_float(getattr(a, "aval", None)) for a in eqn.invars))
+
+
+def _dims(shape_text: str) -> str:
+    """``"bf16[4,8]"`` -> ``"[4,8]"``."""
+    start = shape_text.find("[")
+    return shape_text[start:] if start >= 0 else shape_text
 
 
 def _elements(aval: Any) -> int:
