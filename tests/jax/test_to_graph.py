@@ -135,3 +135,20 @@ def test_half_precision_matmuls_can_be_modelled_as_xla_cpu_runs_them():
     w_copy = dots[0].inputs[1]
     assert dots[1].inputs[1] == w_copy and upcast.values[w_copy].nbytes == 256
     assert upcast.values[upcast.outputs[0]].nbytes == 64
+
+
+def test_repeated_computations_are_merged_as_xla_cse_would():
+    def prog(x):
+        return jnp.sin(x) * jnp.sin(x) + jnp.sin(x + 1.0) * jnp.sin(x + 1.0)
+
+    g = jaxpr_to_graph(jax.make_jaxpr(prog)(jnp.ones(3)))
+    assert labels(g).count("sin") == 2  # sin(x) and sin(x + 1)
+    assert labels(g).count("add") == 2
+
+
+def test_checkpointed_recomputation_is_merged_with_the_forward():
+    def loss(x):
+        return jnp.sum(jax.checkpoint(lambda y: jnp.sin(jnp.sin(y)))(x))
+
+    g = jaxpr_to_graph(jax.make_jaxpr(jax.grad(loss))(jnp.ones(3)))
+    assert labels(g).count("sin") == 1  # the recomputed sin is the forward one
