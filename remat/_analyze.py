@@ -16,6 +16,7 @@ from .core.graph import Graph
 from .core.memlog import format_bytes, memlog
 from .core.plot import plot_timeline
 from .core.schedulers import get_scheduler
+from .core.schedulers.best import best_schedule_and_timeline
 from .core.simulate import Timeline, simulate
 
 __all__ = ["analyze", "MemoryReport"]
@@ -117,7 +118,10 @@ def analyze(fun: Callable[..., Any], *args: Any, scheduler: str = "best",
     with _gc_paused():
         graph = jaxpr_to_graph(closed_jaxpr,
                                upcast_half_precision_matmuls=jax.default_backend() == "cpu")
-        timeline = simulate(graph, schedule_fn(graph), check=False)
+        if scheduler == "best":
+            _, timeline = best_schedule_and_timeline(graph)
+        else:
+            timeline = simulate(graph, schedule_fn(graph), check=False)
     return MemoryReport(graph, timeline, scheduler)
 
 
