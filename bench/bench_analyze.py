@@ -37,11 +37,11 @@ MIB = 1024.0 * 1024.0
 
 
 def long_chain(equations: int = 20_000) -> tuple[str, object, tuple]:
-    """A forward program of ``equations`` small elementwise ops (sin, mul, ...)."""
+    """A forward program of ``equations`` small elementwise ops (sin, cos, ...)."""
 
     def chain(x):
         for _ in range(equations // 2):
-            x = lax.sin(x) * 1.01
+            x = lax.cos(lax.sin(x))
         return x
 
     return f"chain_{equations // 1000}k_ops", chain, (jnp.ones((512, 512), jnp.float32),)
