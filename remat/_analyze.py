@@ -116,7 +116,7 @@ def analyze(fun: Callable[..., Any], *args: Any, scheduler: str = "best",
     schedule_fn = get_scheduler(scheduler)
     closed_jaxpr = jax.make_jaxpr(fun)(*args, **kwargs)
     with _gc_paused():
-        graph = jaxpr_to_graph(closed_jaxpr,
+        graph = jaxpr_to_graph(closed_jaxpr, merge_repeated=True,
                                upcast_half_precision_matmuls=jax.default_backend() == "cpu")
         if scheduler == "best":
             _, timeline = best_schedule_and_timeline(graph)

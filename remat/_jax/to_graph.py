@@ -12,9 +12,9 @@ The graph is the whole program, as the compiler will see it:
 * literals are not values (they are immediates); closed-over constants become
   program inputs named ``const``;
 * equations whose results are never used (and that have no effects) are dropped, as
-  the compiler's dead-code elimination would; an equation that repeats an earlier
-  one (same primitive, parameters and operands) is merged with it, as the
-  compiler's CSE would: this is why ``jax.checkpoint`` saves nothing on XLA:CPU.
+  the compiler's dead-code elimination would; optionally, an equation that repeats
+  an earlier one (same primitive, parameters and operands) is merged with it, as
+  the compiler's CSE would: this is why ``jax.checkpoint`` saves nothing on XLA:CPU.
 
 Example::
 
@@ -77,12 +77,18 @@ _REDUCE_FUSIBLE = frozenset({
 
 def jaxpr_to_graph(closed_jaxpr: ClosedJaxpr | Jaxpr, *,
                    donated: Sequence[bool] | None = None,
+                   merge_repeated: bool = False,
                    upcast_half_precision_matmuls: bool = False) -> Graph:
     """Converts a (closed) jaxpr into a planning graph.
 
     Arguments:
       closed_jaxpr: e.g. ``jax.make_jaxpr(jax.grad(loss))(params, batch)``.
       donated: for each of the jaxpr's inputs, whether its buffer is donated.
+      merge_repeated: merge an equation that repeats an earlier one (same primitive,
+        parameters and operands) into it, as XLA's CSE does; this is what undoes
+        ``jax.checkpoint`` on XLA:CPU. Off by default, so that op ``i`` of the graph
+        stays equation ``i`` of an inlined, dead-code-free jaxpr (the automatic
+        pass maps plans back to equations that way).
       upcast_half_precision_matmuls: model XLA:CPU, which runs bf16/f16 dots and
         convolutions in f32: each 16-bit operand gets one f32 copy (shared by every
         matmul that reads it, as XLA's CSE shares it), the matmul writes f32, and a
@@ -96,7 +102,7 @@ def jaxpr_to_graph(closed_jaxpr: ClosedJaxpr | Jaxpr, *,
     if donated is not None and len(donated) != len(jaxpr.invars):
         raise ValueError(f"donated has {len(donated)} flags but the jaxpr has "
                          f"{len(jaxpr.invars)} inputs; give one flag per input.")
-    flat = _Flattener(upcast_half_precision_matmuls)
+    flat = _Flattener(merge_repeated, upcast_half_precision_matmuls)
     arg_ids = [flat.new_input(v.aval, "", bool(donated[i]) if donated else False)
                for i, v in enumerate(jaxpr.invars)]
     out_ids = flat.inline(jaxpr, consts, arg_ids)
@@ -120,7 +126,9 @@ class _PendingOp(NamedTuple):
 class _Flattener:
     """Inlines a jaxpr into flat lists of values and ops, then builds the graph."""
 
-    def __init__(self, upcast_half_precision_matmuls: bool = False) -> None:
+    def __init__(self, merge_repeated: bool = False,
+                 upcast_half_precision_matmuls: bool = False) -> None:
+        self.merge_repeated = merge_repeated
         self.upcast = upcast_half_precision_matmuls
         self._f32_copy: dict[int, int] = {}  # 16-bit value -> its f32 copy
         self._computed: dict[Any, list[int]] = {}  # CSE table: key -> output ids
@@ -164,7 +172,8 @@ class _Flattener:
                 outs = self.inline(sub_jaxpr, sub_consts, ins, source)
             elif self.upcast and _is_half_precision_matmul(eqn):
                 outs = self._add_upcast_matmul(eqn, ins, source)
-            elif (key := _cse_key(eqn, ins)) is not None and key in self._computed:
+            elif ((key := _cse_key(eqn, ins) if self.merge_repeated else None) is not None
+                  and key in self._computed):
                 outs = self._computed[key]  # XLA's CSE merges repeated computations
             else:
                 outs = [self.new_value(var.aval) for var in eqn.outvars]

@@ -141,7 +141,9 @@ def test_repeated_computations_are_merged_as_xla_cse_would():
     def prog(x):
         return jnp.sin(x) * jnp.sin(x) + jnp.sin(x + 1.0) * jnp.sin(x + 1.0)
 
-    g = jaxpr_to_graph(jax.make_jaxpr(prog)(jnp.ones(3)))
+    closed = jax.make_jaxpr(prog)(jnp.ones(3))
+    assert labels(jaxpr_to_graph(closed)).count("sin") == 4  # off by default
+    g = jaxpr_to_graph(closed, merge_repeated=True)
     assert labels(g).count("sin") == 2  # sin(x) and sin(x + 1)
     assert labels(g).count("add") == 2
 
@@ -150,5 +152,5 @@ def test_checkpointed_recomputation_is_merged_with_the_forward():
     def loss(x):
         return jnp.sum(jax.checkpoint(lambda y: jnp.sin(jnp.sin(y)))(x))
 
-    g = jaxpr_to_graph(jax.make_jaxpr(jax.grad(loss))(jnp.ones(3)))
+    g = jaxpr_to_graph(jax.make_jaxpr(jax.grad(loss))(jnp.ones(3)), merge_repeated=True)
     assert labels(g).count("sin") == 1  # the recomputed sin is the forward one
