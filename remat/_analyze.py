@@ -93,7 +93,9 @@ def analyze(fun: Callable[..., Any], *args: Any, scheduler: str = "best",
     Traces ``fun`` with ``jax.make_jaxpr`` (nothing is compiled or run), converts the
     whole program into a graph (``remat._jax.to_graph``; on the CPU backend, 16-bit
     matmuls are modelled as the f32 computations XLA:CPU runs), orders it with
-    ``scheduler`` and simulates the bytes live at each step.
+    ``scheduler`` and simulates the bytes live at each step, with the simulator's
+    closest model of XLA (repeated equations merged as CSE does, temporaries allowed
+    in result buffers not yet written).
 
     Arguments:
       fun: the function, typically a whole training step such as
@@ -119,9 +121,10 @@ def analyze(fun: Callable[..., Any], *args: Any, scheduler: str = "best",
         graph = jaxpr_to_graph(closed_jaxpr, merge_repeated=True,
                                upcast_half_precision_matmuls=jax.default_backend() == "cpu")
         if scheduler == "best":
-            _, timeline = best_schedule_and_timeline(graph)
+            _, timeline = best_schedule_and_timeline(graph, reuse_result_buffers=True)
         else:
-            timeline = simulate(graph, schedule_fn(graph), check=False)
+            timeline = simulate(graph, schedule_fn(graph), check=False,
+                                reuse_result_buffers=True)
     return MemoryReport(graph, timeline, scheduler)
 
 

@@ -8,11 +8,12 @@ XLA reports (``argument + output + temp - alias`` bytes of ``memory_analysis()``
   *donated* input is freed after its last use instead.
 * **Program outputs** occupy their own buffers for the whole program: XLA allocates
   result buffers apart from its temporaries (``output_size_in_bytes``).
-* **Temporaries inside result buffers**: before a result is written, XLA's buffer
-  assignment lets a temporary that fits (and dies before the result is defined)
-  live in the result's buffer, one at a time: it then costs nothing. Seen on
-  XLA:CPU: saved activations inside the buffers of weight gradients. We place
-  temporaries largest first, each in the smallest result buffer that takes it.
+* **Temporaries inside result buffers** (with ``reuse_result_buffers=True``): before
+  a result is written, XLA's buffer assignment lets a temporary that fits (and dies
+  before the result is defined) live in the result's buffer, one at a time: it
+  then costs nothing. Seen on XLA:CPU: saved activations inside the buffers of
+  weight gradients. We place temporaries largest first, each in the smallest
+  result buffer that takes it.
 * **Every other value** is allocated when the op that defines it runs and freed right
   after the op that reads it last. A value nobody reads is freed right after it is
   defined.
@@ -137,13 +138,18 @@ def check_schedule(graph: Graph, schedule: Sequence[int]) -> None:
                                     f"at step {position[p]}.")
 
 
-def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True) -> Timeline:
+def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True,
+             reuse_result_buffers: bool = False) -> Timeline:
     """Simulates the memory of running ``graph``'s ops in ``schedule`` order.
 
     Arguments:
       graph: the program.
       schedule: every op id once, in a topological order (e.g. from a scheduler).
       check: verify that ``schedule`` is a topological order (O(ops + edges)).
+      reuse_result_buffers: let temporaries live in result buffers not yet written
+        (see the module docstring). Closer to XLA (``remat.analyze`` turns it on);
+        off by default because planning algorithms that estimate savings per value
+        must then skip values that cost nothing (``Timeline.in_output_buffer``).
 
     Returns:
       a :class:`Timeline` (see the module docstring for the memory model).
@@ -198,8 +204,11 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True) -> Ti
         if p is not None:
             defined_at[v] = anchor[p]
 
-    in_output_buffer = _place_in_output_buffers(graph, anchor, resident, defined_at,
-                                                last_use_step, output_set)
+    if reuse_result_buffers:
+        in_output_buffer = _place_in_output_buffers(graph, anchor, resident, defined_at,
+                                                    last_use_step, output_set)
+    else:
+        in_output_buffer = [False] * n_values
     allocated = list(resident)
     for v in output_set:
         allocated[v] = 0  # allocated up front

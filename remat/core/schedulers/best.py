@@ -33,12 +33,15 @@ def best_schedule(graph: Graph) -> tuple[int, ...]:
     return best_schedule_and_timeline(graph)[0]
 
 
-def best_schedule_and_timeline(graph: Graph) -> tuple[tuple[int, ...], Timeline]:
-    """:func:`best_schedule` and its simulated timeline (saves a simulation)."""
+def best_schedule_and_timeline(graph: Graph, *, reuse_result_buffers: bool = False
+                               ) -> tuple[tuple[int, ...], Timeline]:
+    """:func:`best_schedule` and its simulated timeline (saves a simulation);
+    ``reuse_result_buffers`` is passed to ``simulate``."""
     best: tuple[tuple[int, ...], Timeline] | None = None
     for scheduler in CANDIDATES:
         schedule = scheduler(graph)
-        timeline = simulate(graph, schedule, check=False)
+        timeline = simulate(graph, schedule, check=False,
+                            reuse_result_buffers=reuse_result_buffers)
         if best is None or timeline.peak_bytes < best[1].peak_bytes:
             best = schedule, timeline
     assert best is not None
