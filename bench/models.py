@@ -53,16 +53,32 @@ def _normal(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> j
     return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale)
 
 
-def mlp_chain(layers: int = 24, batch: int = 2048, width: int = 512, seed: int = 0) -> Model:
-    """A chain of ``layers`` layers ``h = tanh(h @ W)``; loss ``mean(h ** 2)``."""
+def _identity(f: Callable) -> Callable:
+    return f
+
+
+def mlp_chain(layers: int = 24, batch: int = 2048, width: int = 512, seed: int = 0,
+              segment: int = 4, wrap: Callable[[Callable], Callable] = _identity) -> Model:
+    """A chain of ``layers`` layers ``h = tanh(h @ W)``; loss ``mean(h ** 2)``.
+
+    The layers run in segments of ``segment`` layers, each segment passed through
+    ``wrap`` (e.g. ``remat.checkpoint``; the identity by default).
+    """
     rng = np.random.default_rng(seed)
     params = [_normal(rng, (width, width), 1.0 / math.sqrt(width)) for _ in range(layers)]
     x = _normal(rng, (batch, width), 1.0)
 
+    def run_segment(ws, h):
+        for w in ws:
+            h = jnp.tanh(h @ w)
+        return h
+
+    segment_fn = wrap(run_segment)
+
     def loss_fn(params, x):
         h = x
-        for w in params:
-            h = jnp.tanh(h @ w)
+        for start in range(0, layers, segment):
+            h = segment_fn(params[start:start + segment], h)
         return jnp.mean(h**2)
 
     return Model("mlp_chain", loss_fn, params, x)
@@ -76,11 +92,12 @@ def _layer_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
 
 def transformer(
     blocks: int = 8, batch: int = 8, seq: int = 256, width: int = 256, heads: int = 4,
-    seed: int = 0,
+    seed: int = 0, wrap: Callable[[Callable], Callable] = _identity,
 ) -> Model:
     """A pre-norm transformer stack in plain JAX (causal attention, MLP 4x width).
 
     The loss is the mean squared error between the stack's output and a target.
+    Each block is passed through ``wrap`` (e.g. ``remat.checkpoint``).
     """
     rng = np.random.default_rng(seed)
     scale = 1.0 / math.sqrt(width)
@@ -112,11 +129,16 @@ def transformer(
     def mlp(p, x):
         return jax.nn.gelu(_layer_norm(x, p["ln2"]) @ p["up"]) @ p["down"]
 
+    def block(p, x):
+        x = x + attention(p, x)
+        return x + mlp(p, x)
+
+    block_fn = wrap(block)
+
     def loss_fn(params, batch_):
         x, target = batch_
         for p in params:
-            x = x + attention(p, x)
-            x = x + mlp(p, x)
+            x = block_fn(p, x)
         return jnp.mean((x - target) ** 2)
 
     return Model("transformer", loss_fn, params, (x, target))

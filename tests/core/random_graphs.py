@@ -37,3 +37,23 @@ def random_dag(seed: int, num_ops: int = 30, num_inputs: int = 3, max_operands: 
     produced = values[num_inputs:]
     outputs = rng.sample(produced, k=min(len(produced), rng.randint(1, 3)))
     return b.build(outputs=outputs)
+
+
+def training_chain(layers: int, act_bytes: int = 1000, weight_bytes: int = 10) -> Graph:
+    """The shape of a gradient step of a layer chain: a forward pass saving every
+    activation, then a backward pass reading them in reverse; outputs are the
+    weight gradients."""
+    b = GraphBuilder()
+    x = b.add_input(act_bytes)
+    weights = [b.add_input(weight_bytes) for _ in range(layers)]
+    acts = [x]
+    for i in range(layers):
+        (a,) = b.add_op("dot", [acts[-1], weights[i]], [act_bytes], flops=100)
+        acts.append(a)
+    (g,) = b.add_op("reduce_sum", [acts[-1]], [act_bytes], flops=10)
+    grads = []
+    for i in range(layers, 0, -1):
+        (dw,) = b.add_op("dot", [g, acts[i - 1], acts[i]], [weight_bytes], flops=100)
+        (g,) = b.add_op("dot", [g, weights[i - 1], acts[i]], [act_bytes], flops=100)
+        grads.append(dw)
+    return b.build(outputs=grads)

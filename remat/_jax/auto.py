@@ -1,0 +1,391 @@
+"""The automatic pass: ``remat.plan`` and ``remat.jit``.
+
+Trace the whole program (a loss, its gradient, a train step), flatten it
+(``inline.py``), convert it to a planning graph, let an algorithm of
+``remat.core.algorithms`` choose regions to recompute under the limit, emit the
+rewritten jaxpr (``rewrite.py``: each region one opaque ``remat_p`` equation), then
+compile it and check XLA's own footprint figure. If XLA needs more than the limit,
+the planning limit is tightened in proportion and planning runs again; if the
+limit cannot be met, :class:`MemoryLimitError` says by how much.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pathlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from remat._flags import flags_from_env
+from remat._jax.compat import core
+from remat._jax.inline import inline_calls
+from remat._jax.rewrite import rewrite_jaxpr
+from remat._jax.to_graph import jaxpr_to_graph
+from remat.core.algorithms import PlanResult, get_algorithm
+from remat.core.dot import to_dot
+from remat.core.graph import Graph
+from remat.core.memlog import format_bytes, memlog
+from remat.core.options import RematOptions, parse_bytes
+from remat.core.schedulers import get_scheduler
+from remat.core.simulate import simulate
+
+_RETRIES = 3
+
+
+class MemoryLimitError(ValueError):
+  """The memory limit cannot be met by rematerialization."""
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaFootprint:
+  """XLA's memory figures of a compiled program, in bytes."""
+  argument: int
+  output: int
+  temp: int
+  alias: int
+
+  @property
+  def total(self) -> int:
+    """What the program needs: arguments + outputs + temporaries - aliased."""
+    return self.argument + self.output + self.temp - self.alias
+
+  @classmethod
+  def of(cls, compiled) -> "XlaFootprint":
+    m = compiled.memory_analysis()
+    return cls(m.argument_size_in_bytes, m.output_size_in_bytes,
+               m.temp_size_in_bytes, m.alias_size_in_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What the automatic pass decided for one program, and what XLA made of it.
+
+  Attributes:
+    limit_bytes: the footprint asked for.
+    baseline: XLA's footprint of the program as written.
+    planned: XLA's footprint of the rewritten program.
+    result: the planning result (graph level: regions, simulations).
+    graph: the planning graph of the program as written.
+    jaxpr: the rewritten program.
+    plan_seconds: time spent tracing, planning and rewriting (not compiling).
+    out_tree: the structure of the program's outputs.
+    compiled: the compiled rewritten program.
+  """
+  limit_bytes: int
+  baseline: XlaFootprint
+  planned: XlaFootprint
+  result: PlanResult
+  graph: Graph
+  jaxpr: core.ClosedJaxpr
+  plan_seconds: float
+  out_tree: Any = dataclasses.field(repr=False, default=None)
+  compiled: Any = dataclasses.field(repr=False, default=None)
+
+  @property
+  def met(self) -> bool:
+    return self.planned.total <= self.limit_bytes
+
+  @property
+  def extra_flops(self) -> float:
+    """FLOPs of the recomputations (our estimate)."""
+    return self.result.extra_flops
+
+  @property
+  def recomputed(self) -> list[str]:
+    """One line per recomputed op: its label and source line."""
+    g = self.graph
+    return [f"{g.ops[o].label} from {g.ops[o].source or 'unknown source'}"
+            for r in self.result.regions for o in r.recompute]
+
+  def memlog(self) -> str:
+    """The memory log of the rewritten program, with the remat decisions."""
+    rw = self.result.rewritten
+    decisions = {o: ("recompute" if rw.is_copy[o] else
+                     f"region {rw.region[o]}" if rw.region[o] >= 0 else "")
+                 for o in range(len(rw.origin))}
+    return memlog(rw.graph, self.result.timeline, decisions)
+
+  def to_dot(self, after: bool = True) -> str:
+    """DOT of the program after (default) or before the rewrite; recomputed ops
+    are highlighted."""
+    rw = self.result.rewritten
+    if not after:
+      return to_dot(self.graph, self.result.baseline)
+    return to_dot(rw.graph, self.result.timeline,
+                  frozenset(o for o, c in enumerate(rw.is_copy) if c))
+
+  def plot(self, path: str | os.PathLike) -> None:
+    """A PNG of live bytes per step, before and after, with the limit."""
+    from remat.core.plot import plot_timeline   # matplotlib is imported lazily
+    rw = self.result.rewritten
+    plot_timeline(rw.graph, self.result.timeline, path,
+                  title="after rematerialization", limit_bytes=self.limit_bytes,
+                  recomputed=frozenset(o for o, c in enumerate(rw.is_copy) if c))
+
+  def __str__(self) -> str:
+    return (f"remat plan: limit {format_bytes(self.limit_bytes)}, XLA footprint "
+            f"{format_bytes(self.baseline.total)} -> {format_bytes(self.planned.total)}"
+            f" ({'met' if self.met else 'NOT met'}), {len(self.result.regions)} "
+            f"region(s), {len(self.recomputed)} recomputed op(s), "
+            f"+{self.extra_flops / 1e9:.2f} GFLOP, planned in {self.plan_seconds:.2f} s")
+
+
+# --------------------------------------------------------------------- settings
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+  memory_limit: Any
+  algorithm: str
+  scheduler: str
+  small_node_bytes: int
+  dump_to: str | None
+  dump_dot: bool
+  dump_memlog: bool
+
+
+_UNSET: Any = object()
+
+
+def _settings(memory_limit, algorithm, scheduler, small_node_limit, dump_to
+              ) -> _Settings:
+  """Explicit arguments win; unset ones come from REMAT_FLAGS, then defaults."""
+  env = flags_from_env()
+  pick = lambda given, key, default: (given if given is not _UNSET
+                                      else env.get(key, default))
+  limit = pick(memory_limit, "memory_limit", None)
+  if limit is None:
+    raise ValueError("remat: no memory limit; pass memory_limit= (bytes, a size "
+                     "such as '2GiB', or a fraction in (0, 1] of the plain "
+                     "program's temporaries) or set REMAT_FLAGS=--memory_limit=...")
+  dump_to = pick(dump_to, "dump_to", None)
+  chosen = {k for k in ("dump_dot", "dump_memlog") if env.get(k)}
+  if chosen and not dump_to:
+    raise ValueError(f"REMAT_FLAGS: --{' --'.join(sorted(chosen))} needs a directory: "
+                     "add --dump_to=DIR (or pass dump_to=).")
+  return _Settings(
+      _parse_limit(limit), pick(algorithm, "algorithm", "path"),
+      pick(scheduler, "scheduler", "best"),
+      parse_bytes(pick(small_node_limit, "small_node_limit", 1 << 20)),
+      dump_to, not chosen or "dump_dot" in chosen,
+      not chosen or "dump_memlog" in chosen)
+
+
+def _parse_limit(limit) -> int | float:
+  """Bytes (an int or a size string), or a fraction (a float, or a string such
+  as ``"0.5"``) of the plain program's temporaries."""
+  if isinstance(limit, str):
+    try:
+      value = float(limit)
+    except ValueError:
+      return parse_bytes(limit)
+    limit = value if "." in limit or "e" in limit.lower() else int(value)
+  if isinstance(limit, float):
+    if not 0 < limit <= 1:
+      raise ValueError(f"remat: a fractional memory_limit must be in (0, 1], got "
+                       f"{limit!r}; give bytes as an int or a size like '2GiB'.")
+    return limit
+  return parse_bytes(limit)
+
+
+# --------------------------------------------------------------------- planning
+
+def _trace(fun, args, kwargs):
+  flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+
+  def flat_fun(*flat):
+    a, k = jax.tree_util.tree_unflatten(in_tree, flat)
+    return fun(*a, **k)
+
+  closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat_args)
+  return closed, flat_args, jax.tree_util.tree_structure(out_shape)
+
+
+def _compile(closed: core.ClosedJaxpr, flat_args, jit_kwargs):
+  fn = jax.jit(lambda *xs: core.jaxpr_as_fun(closed)(*xs), **jit_kwargs)
+  return fn.lower(*flat_args).compile()
+
+
+def _graph_of(flat: core.ClosedJaxpr) -> Graph:
+  """The planning graph of a flat jaxpr: op ``i`` is equation ``i``."""
+  graph = jaxpr_to_graph(flat)
+  labels = [e.primitive.name for e in flat.jaxpr.eqns]
+  if [op.label for op in graph.ops] != labels:
+    raise AssertionError("remat internal error: the planning graph does not match "
+                         "the flattened program equation for equation.")
+  return graph
+
+
+def _lower_bound(graph: Graph) -> int:
+  """No schedule needs less: inputs, outputs, and the largest op's operands and
+  results together."""
+  base = simulate(graph, tuple(range(graph.num_ops)), check=False)
+  fixed = base.input_bytes + base.output_bytes
+  largest = max((sum(graph.values[v].nbytes for v in set(op.inputs + op.outputs)
+                     if v not in graph.inputs and v not in graph.outputs)
+                 for op in graph.ops), default=0)
+  return fixed + largest
+
+
+def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
+  start = time.perf_counter()
+  closed, flat_args, out_tree = _trace(fun, args, kwargs)
+  flat = inline_calls(closed)
+  graph = _graph_of(flat)
+  schedule = get_scheduler(settings.scheduler)(graph)
+  algorithm = get_algorithm(settings.algorithm)
+  planning = time.perf_counter() - start
+
+  baseline = XlaFootprint.of(_compile(flat, flat_args, jit_kwargs))
+  limit = settings.memory_limit
+  if isinstance(limit, float):
+    limit = int(baseline.argument + baseline.output - baseline.alias +
+                limit * baseline.temp)
+  predicted_base = simulate(graph, schedule, check=False).peak_bytes
+  # Plan in our model's units: scale XLA's limit by how our model reads XLA.
+  target = int(limit * predicted_base / max(baseline.total, 1))
+  best = None
+  for _ in range(_RETRIES):
+    t = time.perf_counter()
+    options = RematOptions(target, settings.algorithm, settings.scheduler,
+                           settings.small_node_bytes)
+    result = algorithm(graph, schedule, options)
+    rewritten = core.ClosedJaxpr(rewrite_jaxpr(flat.jaxpr, result.rewritten),
+                                 flat.consts)
+    planning += time.perf_counter() - t
+    compiled = _compile(rewritten, flat_args, jit_kwargs)
+    plan = Plan(limit, baseline, XlaFootprint.of(compiled), result, graph,
+                rewritten, planning, out_tree, compiled)
+    if best is None or plan.planned.total < best.planned.total:
+      best = plan
+    if plan.met or not result.met:
+      break   # done, or our model already says the target is out of reach
+    # XLA needs more than the model predicted: tighten the target in proportion.
+    target = int(target * limit / plan.planned.total)
+  _dump(best, settings)
+  if not best.met:
+    raise MemoryLimitError(
+        f"remat: cannot meet memory_limit={format_bytes(limit)} ({limit} bytes) "
+        f"with algorithm {settings.algorithm!r}. XLA's footprint of the program is "
+        f"{format_bytes(baseline.total)}; the least reached is "
+        f"{format_bytes(best.planned.total)}; no plan can go below about "
+        f"{format_bytes(_lower_bound(graph))} (inputs, outputs and the largest "
+        "single operation). Raise the limit, try another algorithm, or lower "
+        "small_node_limit.")
+  return best
+
+
+def _dump(plan: Plan, settings: _Settings) -> None:
+  if not settings.dump_to:
+    return
+  out = pathlib.Path(settings.dump_to)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "plan.txt").write_text(str(plan) + "\n" + "\n".join(plan.recomputed) + "\n")
+  if settings.dump_dot:
+    (out / "before.dot").write_text(plan.to_dot(after=False))
+    (out / "after.dot").write_text(plan.to_dot(after=True))
+  if settings.dump_memlog:
+    (out / "memlog.txt").write_text(plan.memlog())
+
+
+# ----------------------------------------------------------------------- public
+
+def plan(fun: Callable, *args: Any, memory_limit: Any = _UNSET,
+         algorithm: str = _UNSET, scheduler: str = _UNSET,
+         small_node_limit: Any = _UNSET, dump_to: str | None = _UNSET,
+         **kwargs: Any) -> Plan:
+  """Plans ``fun(*args, **kwargs)`` under ``memory_limit`` and compiles the
+  result, without running it. See :func:`jit` for the arguments.
+
+  >>> import jax, jax.numpy as jnp, remat
+  >>> def loss(ws, x):
+  ...   for w in ws:
+  ...     x = jnp.tanh(x @ w)
+  ...   return jnp.sum(x ** 2)
+  >>> ws = [jnp.eye(256) * 0.9] * 8
+  >>> p = remat.plan(jax.grad(loss), ws, jnp.ones((1024, 256)), memory_limit=0.6)
+  >>> p.met
+  True
+  """
+  settings = _settings(memory_limit, algorithm, scheduler, small_node_limit, dump_to)
+  return plan_program(fun, args, kwargs, settings, {})
+
+
+class RematJitted:
+  """``remat.jit(fun, ...)``: call it like ``jax.jit(fun)``."""
+
+  def __init__(self, fun: Callable, settings: _Settings, jit_kwargs: dict):
+    functools.update_wrapper(self, fun)
+    self._fun = fun
+    self._settings = settings
+    self._jit_kwargs = jit_kwargs
+    self._plans: dict[Any, Plan] = {}
+
+  def plan_for(self, *args, **kwargs) -> Plan:
+    """The plan used for these argument shapes (planned on first use)."""
+    return self._entry(args, kwargs)
+
+  def _entry(self, args, kwargs):
+    flat, tree = jax.tree_util.tree_flatten((args, kwargs))
+    key = (tree, tuple(core.shaped_abstractify(x) for x in flat))
+    if key not in self._plans:
+      self._plans[key] = plan_program(self._fun, args, kwargs, self._settings,
+                                      self._jit_kwargs)
+    return self._plans[key]
+
+  def lower(self, *args, **kwargs):
+    """Lowers the rewritten program (``.compile()`` works on the result)."""
+    plan = self._entry(args, kwargs)
+    flat = jax.tree_util.tree_leaves((args, kwargs))
+    return jax.jit(lambda *xs: core.jaxpr_as_fun(plan.jaxpr)(*xs),
+                   **self._jit_kwargs).lower(*flat)
+
+  def __call__(self, *args, **kwargs):
+    plan = self._entry(args, kwargs)
+    outs = plan.compiled(*jax.tree_util.tree_leaves((args, kwargs)))
+    return jax.tree_util.tree_unflatten(plan.out_tree, outs)
+
+
+def jit(fun: Callable, *, memory_limit: Any = _UNSET, algorithm: str = _UNSET,
+        scheduler: str = _UNSET, small_node_limit: Any = _UNSET,
+        dump_to: str | None = _UNSET, **jit_kwargs: Any) -> RematJitted:
+  """``jax.jit(fun)``, with the program rewritten to fit in ``memory_limit``.
+
+  Arguments:
+    fun: any function: a loss, its gradient, a whole training step.
+    memory_limit: the footprint XLA may use (arguments + outputs + temporaries -
+      aliased bytes, as ``compile().memory_analysis()`` reports): an int (bytes),
+      a string (``"512MiB"``, ``"2GiB"``), or a float in (0, 1]: the program's own
+      arguments and outputs plus that fraction of its temporaries without remat.
+    algorithm: ``"path"`` (default), ``"standard"``, ``"compress"`` or
+      ``"standardcompress"``.
+    scheduler: ``"best"`` (default), ``"list"``, ``"dfs"`` or ``"postorder"``.
+    small_node_limit: values smaller than this (bytes or a size string; default
+      1 MiB) are never recomputed.
+    dump_to: a directory for the plan, and with ``REMAT_FLAGS`` ``--dump_dot`` /
+      ``--dump_memlog``, the DOT graphs before and after and the memory log.
+    **jit_kwargs: passed to ``jax.jit`` (static arguments are not supported).
+
+  Unset settings come from the ``REMAT_FLAGS`` environment variable. Raises
+  :class:`MemoryLimitError` (with the least footprint reached and a lower bound)
+  when the limit cannot be met.
+
+  >>> import jax, jax.numpy as jnp, remat
+  >>> def loss(ws, x):
+  ...   for w in ws:
+  ...     x = jnp.tanh(x @ w)
+  ...   return jnp.sum(x ** 2)
+  >>> step = remat.jit(jax.grad(loss), memory_limit=0.6)
+  >>> grads = step([jnp.eye(256) * 0.9] * 8, jnp.ones((1024, 256)))
+  """
+  for bad in ("static_argnums", "static_argnames"):
+    if bad in jit_kwargs:
+      raise NotImplementedError(
+          f"remat.jit does not support {bad}; close over static values instead "
+          "(e.g. functools.partial(fun, flag=True)).")
+  settings = _settings(memory_limit, algorithm, scheduler, small_node_limit, dump_to)
+  return RematJitted(fun, settings, jit_kwargs)

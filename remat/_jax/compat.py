@@ -1,0 +1,56 @@
+"""Every use of JAX internals (``jax._src``) by the checkpoint adapter, in one place.
+
+remat pins jax 0.10.2. The public modules ``jax.interpreters.{ad,batching,mlir,
+partial_eval}`` and ``jax.extend`` expose the rule tables we register into; the
+names below are what they do not expose. When the pinned version moves, this is the
+one file to revisit.
+"""
+
+from __future__ import annotations
+
+from jax._src import api_util as api_util
+from jax._src import core as core
+from jax._src import effects as effects
+from jax._src import linear_util as lu
+from jax._src import source_info_util as source_info_util
+from jax._src.ad_checkpoint import name_p as name_p
+from jax._src.ad_util import Zero as Zero
+from jax._src.interpreters import ad as ad
+from jax._src.interpreters import batching as batching
+from jax._src.interpreters import mlir as mlir
+from jax._src.interpreters import partial_eval as pe
+from jax._src.lax.lax import reduce_precision_p as reduce_precision_p
+from jax._src.lib.mlir import ir as ir
+from jax._src.lib.mlir.dialects import hlo as hlo
+from jax._src.state import discharge as state_discharge
+from jax._src.state.types import AbstractRef as AbstractRef
+from jax._src.state.types import AccumEffect as AccumEffect
+from jax._src.state.types import WriteEffect as WriteEffect
+from jax._src.util import weakref_lru_cache as weakref_lru_cache
+
+# Policy answers understood by JAX's partial evaluator (``partial_eval_jaxpr_custom``).
+Saveable = pe.Saveable
+Recompute = pe.Recompute
+Offloadable = pe.Offloadable
+
+
+def debug_info(traced_for: str, fun, args, kwargs, static_argnums=()):
+  """JAX's record of a traced function's name, argument names and source."""
+  return api_util.debug_info(traced_for, fun, args, kwargs,
+                             static_argnums=static_argnums)
+
+
+def trace_flat(flat_fun, in_avals, dbg):
+  """Traces ``flat_fun(*flat_args) -> list`` to ``(jaxpr, consts)``.
+
+  The returned jaxpr takes the constants first, then the arguments, and has no
+  constvars, which is the form the remat primitive carries.
+  """
+  jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(
+      lu.wrap_init(flat_fun, debug_info=dbg), in_avals)
+  return pe.convert_constvars_jaxpr(jaxpr), consts
+
+
+def unknown_debug_info(jaxpr: core.Jaxpr):
+  """Debug info for a function derived from ``jaxpr`` (argument names dropped)."""
+  return jaxpr.debug_info.with_unknown_names()

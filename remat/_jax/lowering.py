@@ -1,0 +1,183 @@
+"""Lowering of ``remat_p`` to StableHLO: how recomputation survives the compiler.
+
+A forward-only region (``differentiated=False``) is inlined. A differentiated
+region holds a recomputation together with the backward pass that consumes it and
+takes the incoming cotangents as operands. Two compiler passes can undo it:
+scheduling may run the recomputation early (it only depends on saved values), and
+CSE may merge it with the identical forward computation. Three strategies stop them:
+
+- ``"barrier"``: an ``optimization_barrier`` on the region's inputs, as
+  ``jax.checkpoint`` does. XLA:GPU and XLA:TPU honour it; XLA:CPU removes barriers
+  early and then merges the recomputation back (no memory saved there).
+- ``"cond"``: the region is the taken branch of a conditional whose predicate is
+  ``rng_uniform(0, 1) < 2``: always true, but the compiler cannot prove it, and no
+  data (NaN, Inf) can flip it. Nothing moves in or out of a branch, and a branch
+  cannot start before all its operands (the cotangents) exist. The other branch
+  returns zeros.
+- ``"while"``: the region is the body of a loop that runs once, its trip count
+  hidden behind the same opaque random value.
+
+The default is ``"cond"`` on CPU (the only strategy that saves memory there) and
+``"barrier"`` elsewhere (no control flow on the hot path of GPU/TPU programs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from remat._jax.compat import core, effects, hlo, ir, mlir
+from remat._jax.primitive import remat_p
+
+STRATEGIES = ("barrier", "cond", "while")
+_PLATFORM_DEFAULTS = {"cpu": "cond"}
+_OTHER_PLATFORMS_DEFAULT = "barrier"
+
+
+def default_strategy(platform: str) -> str:
+  """The lowering strategy used on ``platform`` when ``lowering=None``.
+
+  >>> default_strategy("cpu")
+  'cond'
+  """
+  return _PLATFORM_DEFAULTS.get(platform, _OTHER_PLATFORMS_DEFAULT)
+
+
+def _inline(ctx, jaxpr: core.Jaxpr, args, tokens_in):
+  return mlir.jaxpr_subcomp(
+      ctx.module_context, jaxpr, ctx.name_stack.extend("checkpoint"), tokens_in,
+      (), *args, dim_var_values=ctx.dim_var_values,
+      const_lowering=ctx.const_lowering, outer_traceback=ctx.traceback)
+
+
+def _lower_barrier(ctx, jaxpr, args, protect: Sequence[bool]):
+  protected = [a for a, p in zip(args, protect) if p]
+  flat, treedef = mlir.ir_tree_registry.flatten(protected)
+  barrier = hlo.OptimizationBarrierOp(flat)
+  guarded = iter(treedef.unflatten(list(barrier.results)))
+  args = [next(guarded) if p else a for a, p in zip(args, protect)]
+  outs, tokens = _inline(ctx, jaxpr, args, ctx.tokens_in)
+  ctx.set_tokens_out(tokens)
+  return outs
+
+
+def _opaque_uniform() -> ir.Value:
+  """A scalar f32 drawn from U[0, 1): a value no compiler pass can constant-fold."""
+  zero = mlir.ir_constant(np.float32(0))
+  one = mlir.ir_constant(np.float32(1))
+  shape = mlir.ir_constant(np.array([], np.int64))
+  return hlo.rng(zero, one, shape, hlo.RngDistributionAttr.get("UNIFORM"))
+
+
+def _always_true() -> ir.Value:
+  return mlir.compare_hlo(_opaque_uniform(), mlir.ir_constant(np.float32(2)), "LT")
+
+
+def _out_types(ctx, ordered):
+  types = [*(mlir.token_type() for _ in ordered),
+           *(mlir.aval_to_ir_types(ctx.module_context, a) for a in ctx.avals_out)]
+  return mlir.ir_tree_registry.flatten(types)
+
+
+def _zeros(ctx):
+  return [mlir.full_like_aval(ctx, 0, a) for a in ctx.avals_out]
+
+
+def _ordered_effects(jaxpr):
+  return list(effects.ordered_effects.filter_in(jaxpr.effects))
+
+
+def _lower_cond(ctx, jaxpr, args):
+  ordered = _ordered_effects(jaxpr)
+  tokens_in = ctx.tokens_in.subset(ordered)
+  flat_types, treedef = _out_types(ctx, ordered)
+  if_op = hlo.IfOp(flat_types, _always_true())
+  with ir.InsertionPoint(if_op.true_branch.blocks.append()):
+    outs, tokens_out = _inline(ctx, jaxpr, args, tokens_in)
+    flat, _ = mlir.ir_tree_registry.flatten(
+        [*(tokens_out.get(e) for e in ordered), *outs])
+    hlo.return_(flat)
+  with ir.InsertionPoint(if_op.false_branch.blocks.append()):
+    flat, _ = mlir.ir_tree_registry.flatten(
+        [*(tokens_in.get(e) for e in ordered), *_zeros(ctx)])
+    hlo.return_(flat)
+  results = treedef.unflatten(list(if_op.results))
+  ctx.set_tokens_out(mlir.TokenSet(list(zip(ordered, results[:len(ordered)]))))
+  return results[len(ordered):]
+
+
+def _lower_while(ctx, jaxpr, args):
+  if _ordered_effects(jaxpr):   # keep token threading in one place: the conditional
+    return _lower_cond(ctx, jaxpr, args)
+  i32 = ir.RankedTensorType.get([], ir.IntegerType.get_signless(32))
+  # 0, but only at run time: (u >= 2) is always false.
+  start = hlo.convert(i32, mlir.compare_hlo(
+      _opaque_uniform(), mlir.ir_constant(np.float32(2)), "GE"))
+  flat_args, args_tree = mlir.ir_tree_registry.flatten(list(args))
+  flat_outs, outs_tree = mlir.ir_tree_registry.flatten(_zeros(ctx))
+  init = [start, *flat_args, *flat_outs]
+  loop = hlo.WhileOp([v.type for v in init], init)
+  cond_block = loop.cond.blocks.append(*[v.type for v in init])
+  with ir.InsertionPoint(cond_block):
+    hlo.return_([mlir.compare_hlo(cond_block.arguments[0],
+                                  mlir.ir_constant(np.int32(1)), "LT")])
+  body_block = loop.body.blocks.append(*[v.type for v in init])
+  with ir.InsertionPoint(body_block):
+    counter, *carried = body_block.arguments
+    # Tie the inputs to the counter (always the first iteration, so always the
+    # inputs themselves); otherwise loop-invariant code motion hoists the region.
+    first = mlir.compare_hlo(counter, mlir.ir_constant(np.int32(1)), "LT")
+    tied = [hlo.select(_broadcast_pred(first, v), v, _zeros_of(v))
+            for v in carried[:len(flat_args)]]
+    body_args = args_tree.unflatten(tied)
+    outs, _ = _inline(ctx, jaxpr, body_args, ctx.tokens_in)
+    flat_new, _ = mlir.ir_tree_registry.flatten(list(outs))
+    next_counter = hlo.add(counter, mlir.ir_constant(np.int32(1)))
+    hlo.return_([next_counter, *carried[:len(flat_args)], *flat_new])
+  return outs_tree.unflatten(list(loop.results[1 + len(flat_args):]))
+
+
+def _broadcast_pred(pred: ir.Value, like: ir.Value) -> ir.Value:
+  shape = ir.RankedTensorType(like.type).shape
+  i1 = ir.RankedTensorType.get(shape, ir.IntegerType.get_signless(1))
+  return hlo.broadcast_in_dim(i1, pred, mlir.dense_int_array([]))
+
+
+def _zeros_of(like: ir.Value) -> ir.Value:
+  t = ir.RankedTensorType(like.type)
+  zero = hlo.convert(ir.RankedTensorType.get([], t.element_type),
+                     mlir.ir_constant(np.int32(0)))
+  return hlo.broadcast_in_dim(t, zero, mlir.dense_int_array([]))
+
+
+def _lower(ctx, *args, jaxpr: core.Jaxpr, prevent_cse, differentiated, lowering,
+           platform_default: str, **_):
+  protect = ((prevent_cse,) * len(args) if isinstance(prevent_cse, bool)
+             else prevent_cse)
+  if not differentiated or not any(protect):
+    outs, tokens = _inline(ctx, jaxpr, args, ctx.tokens_in)
+    ctx.set_tokens_out(tokens)
+    return outs
+  strategy = lowering or platform_default
+  if strategy == "barrier":
+    return _lower_barrier(ctx, jaxpr, args, protect)
+  if strategy == "cond":
+    return _lower_cond(ctx, jaxpr, args)
+  if strategy == "while":
+    return _lower_while(ctx, jaxpr, args)
+  raise ValueError(f"unknown remat lowering {strategy!r}; expected one of "
+                   f"{STRATEGIES} or None")
+
+
+def _register() -> None:
+  for platform in ("cpu", "cuda", "rocm", "tpu"):
+    default = default_strategy(platform)
+    mlir.register_lowering(
+        remat_p, lambda ctx, *a, _d=default, **p: _lower(ctx, *a, platform_default=_d, **p),
+        platform=platform)
+  mlir.register_lowering(
+      remat_p, lambda ctx, *a, **p: _lower(
+          ctx, *a, platform_default=_OTHER_PLATFORMS_DEFAULT, **p))
+
+_register()

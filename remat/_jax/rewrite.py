@@ -1,0 +1,87 @@
+"""Plan -> jaxpr: emit a rewritten program whose recomputations the compiler keeps.
+
+The input is a flat jaxpr (``inline.py``: one equation per op of the planning
+graph, op ``i`` being equation ``i``) and a :class:`remat.core.plan.Rewritten`
+schedule. Ops outside regions are emitted as they were. Each region's block becomes
+one ``remat_p`` equation (``differentiated=True``, so it is lowered as an opaque
+region, a conditional on CPU) whose body runs the copies and then the consumers; it
+takes every value the block reads from outside and returns every value the block
+defines that is read after it.
+"""
+
+from __future__ import annotations
+
+from remat._jax.compat import core
+from remat._jax.primitive import remat_p
+from remat.core.plan import Rewritten
+
+
+def rewrite_jaxpr(jaxpr: core.Jaxpr, plan: Rewritten) -> core.Jaxpr:
+  """The program of ``plan``, built from the equations of ``jaxpr``."""
+  eqns = jaxpr.eqns
+  block_start = {block[0]: k for k, block in enumerate(plan.blocks) if block}
+  later_reads = _reads_after_each_step(jaxpr, plan)
+  new_eqns = []
+  step = 0
+  while step < len(plan.schedule):
+    op = plan.schedule[step]
+    if plan.region[op] < 0:
+      new_eqns.append(eqns[plan.origin[op]])
+      step += 1
+      continue
+    block = plan.blocks[block_start[op]]
+    new_eqns.append(_region_eqn(
+        [eqns[plan.origin[o]] for o in block], [plan.is_copy[o] for o in block],
+        later_reads[step + len(block) - 1]))
+    step += len(block)
+  return jaxpr.replace(eqns=new_eqns)
+
+
+def _reads_after_each_step(jaxpr: core.Jaxpr, plan: Rewritten) -> list[set]:
+  """For each step, the original vars read by later steps or returned (copies
+  read their originals' inputs, so they count as reads of those)."""
+  after: list[set] = [set()] * len(plan.schedule)
+  reads = {v for v in jaxpr.outvars if isinstance(v, core.Var)}
+  for step in range(len(plan.schedule) - 1, -1, -1):
+    after[step] = set(reads)
+    eqn = jaxpr.eqns[plan.origin[plan.schedule[step]]]
+    reads |= {v for v in eqn.invars if isinstance(v, core.Var)}
+  return after
+
+
+def _region_eqn(block_eqns, copies, read_later: set) -> core.JaxprEqn:
+  """One ``remat_p`` equation running ``block_eqns`` (copies first)."""
+  rename: dict = {}        # outer var -> var inside the body
+  inputs: list = []        # outer vars the body reads, in first-use order
+  body_eqns = []
+  outputs: list = []       # outer vars defined in the block and read after it
+
+  def inner(v):
+    if not isinstance(v, core.Var):
+      return v             # a literal
+    if v not in rename:
+      rename[v] = core.Var(v.aval)
+      inputs.append(v)
+    return rename[v]
+
+  copy_of: dict = {}       # original outvar -> its recomputed var inside the body
+  for eqn, is_copy in zip(block_eqns, copies):
+    invars = [copy_of[v] if isinstance(v, core.Var) and v in copy_of else inner(v)
+              for v in eqn.invars]
+    outvars = [core.Var(v.aval) for v in eqn.outvars]
+    body_eqns.append(eqn.replace(invars=invars, outvars=outvars))
+    for old, new in zip(eqn.outvars, outvars):
+      if is_copy:
+        copy_of[old] = new
+      else:
+        rename[old] = new
+        if old in read_later:
+          outputs.append(old)
+  body = core.Jaxpr([], [rename[v] for v in inputs], [rename[v] for v in outputs],
+                    body_eqns,
+                    effects=core.join_effects(*(e.effects for e in body_eqns)))
+  return core.new_jaxpr_eqn(
+      list(inputs), list(outputs), remat_p,
+      dict(jaxpr=body, prevent_cse=True, differentiated=True, policy=None,
+           lowering=None),
+      body.effects, block_eqns[-1].source_info)

@@ -1,0 +1,34 @@
+"""Automatic rematerialization algorithms: each ``(graph, schedule, options) ->
+PlanResult``, pick one by name with :func:`get_algorithm`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..graph import Graph
+from ..options import RematOptions
+from .compress import plan_compress
+from .greedy import PlanResult
+from .path import plan_path
+from .standard import plan_standard
+from .standardcompress import plan_standardcompress
+
+__all__ = ["ALGORITHMS", "get_algorithm", "PlanResult"]
+
+Algorithm = Callable[[Graph, Sequence[int], RematOptions], PlanResult]
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "standard": plan_standard,
+    "path": plan_path,
+    "compress": plan_compress,
+    "standardcompress": plan_standardcompress,
+}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The algorithm called ``name``; raises ``ValueError`` naming the choices."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r}; choose one of "
+                         f"{sorted(ALGORITHMS)}.") from None

@@ -1,0 +1,308 @@
+"""The greedy engine the seed's algorithms share.
+
+In the spirit of XLA's ``HloRematerialization``: look at the values live at the
+peak; for each that is read again after the peak, find the ops that would recompute
+it there from values still live at that point (its *chain*); take the one that
+frees the most bytes per unit of recompute cost; repeat until the peak is under
+the limit. When no candidate's chain fits, allow longer chains (XLA's growing
+block size).
+
+Speed: a step must not rebuild the program. The engine keeps, per step of the
+schedule, the bytes live (from one :func:`remat.core.simulate.simulate` of the
+original program) and updates it as values are dropped: a dropped value stops
+occupying memory between its last early reader and its first late reader, and its
+chain's outputs occupy memory again at the late reader. The regions it chooses are
+then applied once (``remat.core.plan.apply_plan``) and simulated for real; if the
+real peak is over the limit, the engine runs again aiming lower by the difference.
+
+Cost of an op: ``flops + 10 * transcendentals`` (the weighting of the seed's
+"path" algorithm).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from ..graph import Graph
+from ..options import RematOptions
+from ..plan import Region, Rewritten, apply_plan
+from ..simulate import Timeline, simulate
+
+__all__ = ["PlanResult", "Strategy", "Drop", "run_greedy", "op_cost", "evaluate",
+           "Estimate"]
+
+#: Times the engine re-aims when the real simulation misses the estimate.
+_REAIM = 4
+
+
+def op_cost(graph: Graph, op_id: int) -> float:
+    op = graph.ops[op_id]
+    return op.flops + 10.0 * op.transcendentals
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanResult:
+    """What an algorithm chose, and the rewritten program it gives.
+
+    Attributes:
+      regions: the recomputation regions (original op ids).
+      rewritten: the rewritten program and its schedule.
+      timeline: the simulation of ``rewritten``.
+      baseline: the simulation of the original program.
+      limit_bytes: the limit planned for.
+    """
+
+    regions: tuple[Region, ...]
+    rewritten: Rewritten
+    timeline: Timeline
+    baseline: Timeline
+    limit_bytes: int
+
+    @property
+    def met(self) -> bool:
+        return self.timeline.peak_bytes <= self.limit_bytes
+
+    @property
+    def extra_flops(self) -> float:
+        return self.rewritten.extra_flops
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """How an algorithm restricts the greedy search.
+
+    Attributes:
+      allows: ``(graph, op_id) -> bool``: whether an op may be recomputed.
+      start_depth: the longest chain to start with.
+      grow: whether chains may grow up to ``options.max_chain_ops`` when stuck.
+    """
+
+    allows: Callable[[Graph, int], bool]
+    start_depth: int = 1
+    grow: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Drop:
+    """A value no longer kept between ``early_end`` and ``first_late``: ``chain``
+    recomputes it for ``consumers``."""
+
+    value: int
+    chain: tuple[int, ...]
+    consumers: tuple[int, ...]
+    early_end: int
+    first_late: int
+    nbytes: int
+    rebuilt_bytes: int      # bytes the chain's outputs occupy at first_late
+    cost: float
+    extends: tuple[int, ...] = ()   # earlier drops whose chains read this value late
+
+    @property
+    def score(self) -> float:
+        return self.nbytes / (self.cost + 1.0)
+
+
+def evaluate(graph: Graph, schedule: Sequence[int],
+             regions: Sequence[Region]) -> tuple[Rewritten, Timeline]:
+    """Applies ``regions`` and simulates the result (the real measure)."""
+    rewritten = apply_plan(graph, schedule, regions)
+    return rewritten, simulate(rewritten.graph, rewritten.schedule, check=False)
+
+
+class Estimate:
+    """Bytes live per step of a schedule, updated as values are dropped."""
+
+    def __init__(self, graph: Graph, schedule: Sequence[int], timeline: Timeline):
+        self.graph = graph
+        self.live = list(timeline.live_during_bytes)
+        self.position = [0] * graph.num_ops
+        for step, op in enumerate(schedule):
+            self.position[op] = step
+        self.fused = timeline.fused
+        self.born = [-1] * len(graph.values)
+        for op, step in enumerate(self.position):
+            for v in graph.ops[op].outputs:
+                self.born[v] = step
+        n = len(schedule)
+        # The step after which each value is gone: never for inputs and outputs,
+        # always for fused values (they never exist in memory to be reused).
+        self.dies = [-1 if self.fused[v] else n if d == -1 else d
+                     for v, d in enumerate(timeline.last_use_step)]
+        self.drops: list[Drop] = []
+        # value -> indices of drops whose chain reads it from outside the chain
+        self.readers: dict[int, list[int]] = {}
+        self.extended: set[int] = set()   # indices of drops whose chains grew
+        self.anchor = list(self.position)
+        for step in range(n - 1, -1, -1):
+            op = schedule[step]
+            outs = graph.ops[op].outputs
+            if outs and all(self.fused[v] for v in outs):
+                self.anchor[op] = max(self.anchor[u] for v in outs
+                                      for u in graph.users[v])
+
+    def peak(self) -> tuple[int, int]:
+        """``(bytes, step)`` of the highest step."""
+        step = max(range(len(self.live)), key=self.live.__getitem__, default=-1)
+        return (self.live[step] if step >= 0 else 0), step
+
+    def apply(self, d: Drop, sign: int = 1) -> None:
+        """Adjusts the live bytes for dropping ``d`` (``sign=1``) or keeping it
+        after all (``sign=-1``)."""
+        for s in range(d.early_end + 1, d.first_late):
+            self.live[s] -= sign * d.nbytes
+        if d.first_late < len(self.live):
+            self.live[d.first_late] += sign * d.rebuilt_bytes
+
+    def add(self, d: Drop) -> None:
+        """Records the drop ``d``; the drops it extends now recompute its chain."""
+        self.apply(d)
+        self.dies[d.value] = d.early_end
+        self.drops.append(d)
+        self._read(len(self.drops) - 1)
+        self.extended.update(d.extends)
+        for k in d.extends:
+            old = self.drops[k]
+            self.drops[k] = dataclasses.replace(
+                old, chain=tuple(sorted(set(old.chain) | set(d.chain))),
+                cost=old.cost + d.cost)
+            self._read(k)
+
+    def _read(self, k: int) -> None:
+        graph, chain = self.graph, set(self.drops[k].chain)
+        for o in chain:
+            for w in graph.ops[o].inputs:
+                p = graph.values[w].producer
+                if p not in chain and k not in self.readers.setdefault(w, []):
+                    self.readers[w].append(k)
+
+
+def _drop_for(est: Estimate, v: int, peak: int, depth: int, strategy: Strategy,
+              inputs: set[int]) -> Drop | None:
+    """How ``v`` would be dropped across ``peak``, or None if it cannot be."""
+    graph = est.graph
+    late: list[int] = []
+    fused_early: list[int] = []
+    early_end = est.born[v]
+    stack, seen = [v], set()
+    while stack:
+        for u in graph.users[stack.pop()]:
+            if u in seen:
+                continue
+            seen.add(u)
+            if est.anchor[u] <= peak:
+                early_end = max(early_end, est.anchor[u])
+            elif est.position[u] > peak:
+                late.append(u)
+            else:                          # runs late only through fusion
+                fused_early.append(u)
+                stack.extend(graph.ops[u].outputs)
+    extends = []
+    for k in est.readers.get(v, ()):
+        if est.drops[k].first_late <= peak:
+            early_end = max(early_end, est.drops[k].first_late)
+        else:
+            extends.append(k)
+    if not late and not extends:
+        return None
+    first_late = min([est.position[u] for u in late] +
+                     [est.drops[k].first_late for k in extends])
+    roots = [graph.values[v].producer, *fused_early]
+    chain = _chain(graph, roots, depth + len(fused_early), strategy,
+                   lambda w: w in inputs or est.dies[w] >= first_late)
+    if chain is None:
+        return None
+    rebuilt = sum(graph.values[w].nbytes for o in chain for w in graph.ops[o].outputs
+                  if not est.fused[w])
+    cost = sum(op_cost(graph, o) for o in chain) * (1 + len(extends))
+    return Drop(v, chain, tuple(sorted(late)), early_end, first_late,
+                graph.values[v].nbytes, rebuilt, cost, tuple(extends))
+
+
+def _chain(graph: Graph, roots: Sequence[int], depth: int, strategy: Strategy,
+           available: Callable[[int], bool]) -> tuple[int, ...] | None:
+    """Ops recomputing the roots' outputs from available values, or None."""
+    chain: list[int] = []
+    seen = set(roots)
+    stack = list(roots)
+    while stack:
+        op = stack.pop()
+        if not strategy.allows(graph, op):
+            return None
+        chain.append(op)
+        if len(chain) > depth:
+            return None
+        for w in graph.ops[op].inputs:
+            if available(w):
+                continue
+            p = graph.values[w].producer
+            if p is not None and p not in seen:
+                seen.add(p)
+                stack.append(p)
+    return tuple(sorted(chain))
+
+
+def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
+          ) -> None:
+    """Drops values at the estimated peak until it is within ``target``
+    (recorded in ``est.drops``)."""
+    graph = est.graph
+    inputs, outputs = set(graph.inputs), set(graph.outputs)
+    depth = strategy.start_depth
+    dropped = {d.value for d in est.drops}
+    while True:
+        peak_bytes, peak = est.peak()
+        if peak_bytes <= target:
+            return
+        best = None
+        for v in range(len(graph.values)):
+            if (v in dropped or v in inputs or v in outputs or est.fused[v] or
+                    graph.values[v].nbytes < max(options.small_node_bytes, 1) or
+                    not est.born[v] < peak <= est.dies[v]):
+                continue
+            d = _drop_for(est, v, peak, depth, strategy, inputs)
+            if (d is not None and d.early_end < peak < d.first_late and
+                    (best is None or d.score > best.score)):
+                best = d
+        if best is None:
+            if not strategy.grow or depth >= options.max_chain_ops:
+                return
+            depth = min(2 * depth, options.max_chain_ops)
+            continue
+        est.add(best)
+        dropped.add(best.value)
+
+
+def regions_of(drops: Sequence[Drop]) -> list[Region]:
+    return [Region(d.chain, d.consumers) for d in drops]
+
+
+def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
+               phases: Sequence[Strategy],
+               keep: Callable[[Estimate, int], list[Drop]] | None = None,
+               ) -> PlanResult:
+    """Plans with the estimate, checks with the simulator, re-aims if needed.
+
+    ``phases`` run one after the other on the same estimate (e.g. compress, then
+    standard). ``keep``, if given, prunes the drops chosen for a target (``path``'s
+    de-rematerialization) before they are applied.
+    """
+    limit = options.memory_limit_bytes
+    baseline = simulate(graph, schedule)
+    best: PlanResult | None = None
+    target = limit
+    for _ in range(_REAIM):
+        est = Estimate(graph, schedule, baseline)
+        for strategy in phases:
+            sweep(est, target, options, strategy)
+        drops = est.drops
+        if keep is not None:
+            drops = keep(est, target)
+        rw, tl = evaluate(graph, schedule, regions_of(drops))
+        result = PlanResult(tuple(rw.regions), rw, tl, baseline, limit)
+        if best is None or tl.peak_bytes < best.timeline.peak_bytes:
+            best = result
+        if result.met or not drops:
+            break
+        target -= tl.peak_bytes - limit     # the estimate was optimistic: aim lower
+    return best

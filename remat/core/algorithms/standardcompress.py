@@ -1,0 +1,19 @@
+"""``"standardcompress"``: compress first (nearly free), then ``"standard"``."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..graph import Graph
+from ..options import RematOptions
+from .compress import COMPRESS
+from .greedy import PlanResult, run_greedy
+from .standard import STANDARD
+
+__all__ = ["plan_standardcompress"]
+
+
+def plan_standardcompress(graph: Graph, schedule: Sequence[int],
+                          options: RematOptions) -> PlanResult:
+    """Plans with ``"compress"``, then continues with ``"standard"``."""
+    return run_greedy(graph, schedule, options, [COMPRESS, STANDARD])

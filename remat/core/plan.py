@@ -1,0 +1,252 @@
+"""Plans: which values to recompute, grouped into regions, and the program they give.
+
+A *region* says: run these ops again (``recompute``, original op ids) and let these
+later ops (``consumers``) read the copies instead of the originals. The originals
+then die after their last remaining (early) reader, which is where memory is saved.
+
+Why regions and not single values: a compiler undoes recomputation that is not
+fenced off. Scheduling runs it early (it only depends on old values) and CSE merges
+it with the original. The adapter therefore emits each region as one opaque block
+(the JAX adapter: a ``remat_p`` equation lowered as a conditional) holding the
+recomputation *and* every consumer, fed by the consumers' other operands (the
+cotangents, in a backward pass). A block must be *convex*: no path may leave it and
+come back, or it could not run as one step. So a region's block is the convex hull
+of its consumers (every op on a path between two of them), plus the copies.
+
+:func:`apply_plan` builds the rewritten program as a plain :class:`Graph` with a
+schedule, so the one simulator measures every plan the same way.
+
+Example::
+
+    >>> from remat.core.graph import GraphBuilder
+    >>> b = GraphBuilder()
+    >>> x = b.add_input(8)
+    >>> (a,) = b.add_op("f", [x], [100])
+    >>> (y,) = b.add_op("g", [a], [8])
+    >>> (z,) = b.add_op("h", [y, a], [8])
+    >>> g = b.build(outputs=[z])
+    >>> r = apply_plan(g, (0, 1, 2), [Region(recompute=(0,), consumers=(2,))])
+    >>> [g.ops[o].label for o in r.origin], r.is_copy
+    (['f', 'g', 'f', 'h'], (False, False, True, False))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from typing import Sequence
+
+from .graph import Graph, GraphBuilder, Op
+
+__all__ = ["Region", "Rewritten", "PlanError", "apply_plan", "convex_hull"]
+
+
+class PlanError(ValueError):
+    """A plan cannot be realized (its blocks would form a cycle, an op is unknown)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """Recompute ``recompute`` (original op ids) for the ops in ``consumers``."""
+
+    recompute: tuple[int, ...]
+    consumers: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewritten:
+    """A plan applied to a graph.
+
+    Attributes:
+      graph: the rewritten program (originals, plus one copy of each recomputed op
+        per region, consumers rewired to the copies).
+      schedule: its op ids in running order; each region's block is contiguous.
+      origin: for each op of ``graph``, the original op id it runs.
+      is_copy: for each op of ``graph``, whether it is a recomputation.
+      region: for each op of ``graph``, the index of the region whose block it is
+        in, or -1.
+      blocks: for each region, the ops of ``graph`` in its block, in running order.
+      value_origin: for each value of ``graph``, the original value id it holds.
+      instance: for each original op id, its non-copy op in ``graph``.
+      regions: the regions after merging those whose blocks overlapped.
+    """
+
+    graph: Graph
+    schedule: tuple[int, ...]
+    origin: tuple[int, ...]
+    is_copy: tuple[bool, ...]
+    region: tuple[int, ...]
+    blocks: tuple[tuple[int, ...], ...]
+    value_origin: tuple[int, ...]
+    instance: tuple[int, ...]
+    regions: tuple[Region, ...]
+
+    @property
+    def extra_flops(self) -> float:
+        """FLOPs of the recomputations."""
+        ops = self.graph.ops
+        return sum(ops[o].flops for o, c in enumerate(self.is_copy) if c)
+
+
+def convex_hull(graph: Graph, ops: Sequence[int]) -> set[int]:
+    """``ops`` plus every op on a path between two of them."""
+    seeds = set(ops)
+    below = _reach(seeds, graph.successors)
+    above = _reach(seeds, graph.predecessors)
+    return (below & above) | seeds
+
+
+def _reach(seeds: set[int], edges) -> set[int]:
+    seen = set(seeds)
+    stack = list(seeds)
+    while stack:
+        for nxt in edges[stack.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def _merge_overlapping(graph: Graph, regions: Sequence[Region]):
+    """Regions whose blocks would overlap are merged into one."""
+    merged: list[tuple[set[int], set[int], set[int]]] = []   # recompute, consumers, hull
+    for r in regions:
+        rec, cons = set(r.recompute), set(r.consumers)
+        hull = convex_hull(graph, cons)
+        i = 0
+        while i < len(merged):
+            if merged[i][2] & hull:
+                orec, ocons, _ = merged.pop(i)
+                rec |= orec
+                cons |= ocons
+                hull = convex_hull(graph, cons)
+                i = 0
+            else:
+                i += 1
+        merged.append((rec, cons, hull))
+    return merged
+
+
+def apply_plan(graph: Graph, schedule: Sequence[int],
+               regions: Sequence[Region]) -> Rewritten:
+    """Rewrites ``graph`` so each region's consumers read recomputed copies.
+
+    ``schedule`` is the original running order; the new one keeps it wherever the
+    blocks allow (a priority topological sort on original positions).
+    """
+    n = len(graph.ops)
+    position = [0] * n
+    for step, op_id in enumerate(schedule):
+        position[op_id] = step
+    merged = _merge_overlapping(graph, regions)
+    block_of = [-1] * n
+    for k, (rec, _, hull) in enumerate(merged):
+        for o in hull:
+            block_of[o] = k
+        if any(not 0 <= o < n for o in rec):
+            raise PlanError(f"region {k} recomputes an op id outside 0..{n - 1}.")
+
+    builder = GraphBuilder()
+    value_map: list[int] = []
+    for value in graph.values:
+        if value.producer is None:
+            value_map.append(builder.add_input(
+                value.nbytes, shape=value.shape, name=value.name,
+                donated=len(value_map) in graph.donated))
+        else:
+            value_map.append(-1)
+    origin: list[int] = []
+    is_copy: list[bool] = []
+    region_of: list[int] = []
+    value_origin: list[int] = [v for v, value in enumerate(graph.values)
+                               if value.producer is None]
+    instance = [-1] * n
+
+    def emit(op_id: int, rename: dict[int, int], copy: bool, k: int) -> None:
+        op = graph.ops[op_id]
+        ins = [rename.get(v, value_map[v]) for v in op.inputs]
+        if -1 in ins:
+            raise PlanError(f"op {op_id} ({op.label}) would read a value its own region "
+                            "defines later: a region cannot recompute from its own "
+                            "consumers' results.")
+        outs = builder.add_op(
+            op.label, ins, [graph.values[v].nbytes for v in op.outputs],
+            flops=op.flops, transcendentals=op.transcendentals, source=op.source,
+            fusion=op.fusion, working_set_bytes=op.working_set_bytes,
+            output_shapes=[graph.values[v].shape for v in op.outputs])
+        for old, new in zip(op.outputs, outs):
+            if copy:
+                rename[old] = new
+            else:
+                value_map[old] = new
+            value_origin.append(old)
+        if not copy:
+            instance[op_id] = len(origin)
+        origin.append(op_id)
+        is_copy.append(copy)
+        region_of.append(k)
+
+    blocks: list[list[int]] = [[] for _ in merged]
+    for unit in _unit_order(graph, position, merged, block_of):
+        if unit >= 0:
+            emit(unit, {}, False, -1)
+            continue
+        k = -unit - 1
+        rec, _, hull = merged[k]
+        rename: dict[int, int] = {}
+        start = len(origin)
+        for o in sorted(rec, key=position.__getitem__):
+            emit(o, rename, True, k)
+        for o in sorted(hull, key=position.__getitem__):
+            emit(o, rename, False, k)
+        blocks[k] = list(range(start, len(origin)))
+
+    new_graph = builder.build(outputs=[value_map[v] for v in graph.outputs])
+    final_regions = tuple(Region(tuple(sorted(rec)), tuple(sorted(cons)))
+                          for rec, cons, _ in merged)
+    return Rewritten(new_graph, tuple(range(len(origin))), tuple(origin),
+                     tuple(is_copy), tuple(region_of), tuple(map(tuple, blocks)),
+                     tuple(value_origin), tuple(instance), final_regions)
+
+
+def _unit_order(graph: Graph, position, merged, block_of) -> list[int]:
+    """Topological order of units: ops outside blocks (as op ids) and blocks (as
+    ``-1 - k``), earliest original position first."""
+    def unit(o: int) -> int:
+        return -1 - block_of[o] if block_of[o] >= 0 else o
+
+    deps: dict[int, set[int]] = {}
+    first: dict[int, int] = {}
+    for o in range(len(graph.ops)):
+        u = unit(o)
+        first[u] = min(first.get(u, position[o]), position[o])
+        d = deps.setdefault(u, set())
+        for p in graph.predecessors[o]:
+            if unit(p) != u:
+                d.add(unit(p))
+    for k, (rec, _, _) in enumerate(merged):   # copies read the originals' inputs
+        u = -1 - k
+        for o in rec:
+            for p in graph.predecessors[o]:
+                if p not in rec and unit(p) != u:
+                    deps[u].add(unit(p))
+    users: dict[int, list[int]] = {u: [] for u in deps}
+    indegree = {u: len(d) for u, d in deps.items()}
+    for u, d in deps.items():
+        for p in d:
+            users[p].append(u)
+    ready = [(first[u], u) for u, k in indegree.items() if k == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, u = heapq.heappop(ready)
+        order.append(u)
+        for w in users[u]:
+            indegree[w] -= 1
+            if indegree[w] == 0:
+                heapq.heappush(ready, (first[w], w))
+    if len(order) != len(deps):
+        raise PlanError("the plan's regions depend on each other in a cycle (a region "
+                        "recomputes from values that its own consumers produce); "
+                        "recompute from earlier values.")
+    return order

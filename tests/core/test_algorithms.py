@@ -1,0 +1,83 @@
+"""The automatic algorithms on synthetic training graphs (no JAX)."""
+
+import pytest
+
+from remat.core.algorithms import ALGORITHMS, get_algorithm
+from remat.core.algorithms.compress import is_expansion
+from remat.core.graph import GraphBuilder
+from remat.core.options import RematOptions, parse_bytes
+from remat.core.simulate import check_schedule, simulate
+
+from .random_graphs import training_chain
+
+
+def _limit(graph, fraction):
+    base = simulate(graph, tuple(range(graph.num_ops)))
+    fixed = base.input_bytes + base.output_bytes
+    return fixed + int(fraction * (base.peak_bytes - fixed))
+
+
+@pytest.mark.parametrize("name", ["standard", "path", "standardcompress"])
+@pytest.mark.parametrize("fraction", [0.75, 0.5])
+def test_meets_reachable_limits(name, fraction):
+    g = training_chain(16)
+    order = tuple(range(g.num_ops))
+    limit = _limit(g, fraction)
+    result = get_algorithm(name)(g, order, RematOptions(limit, name, small_node_bytes=0))
+    assert result.met, (result.timeline.peak_bytes, limit)
+    assert result.timeline.peak_bytes <= limit < result.baseline.peak_bytes
+    check_schedule(result.rewritten.graph, result.rewritten.schedule)
+    assert 0 < result.extra_flops < sum(op.flops for op in g.ops)
+
+
+def test_path_gives_back_what_the_limit_does_not_need():
+    g = training_chain(16)
+    order = tuple(range(g.num_ops))
+    loose, tight = (get_algorithm("path")(g, order, RematOptions(
+        _limit(g, f), "path", small_node_bytes=0)) for f in (0.9, 0.5))
+    assert loose.extra_flops < tight.extra_flops
+
+
+def test_unreachable_limit_is_reported_not_met():
+    g = training_chain(8)
+    order = tuple(range(g.num_ops))
+    result = get_algorithm("standard")(g, order, RematOptions(1, "standard",
+                                                              small_node_bytes=0))
+    assert not result.met
+    assert result.timeline.peak_bytes < result.baseline.peak_bytes
+
+
+def test_small_nodes_are_never_recomputed():
+    g = training_chain(8, act_bytes=1000)
+    order = tuple(range(g.num_ops))
+    result = get_algorithm("standard")(g, order, RematOptions(
+        _limit(g, 0.5), "standard", small_node_bytes=2000))
+    assert not result.regions
+
+
+def test_compress_only_rebuilds_expansions():
+    b = GraphBuilder()
+    x = b.add_input(10)
+    w = b.add_input(10)
+    (big,) = b.add_op("broadcast_in_dim", [x], [4000])
+    (h,) = b.add_op("dot", [big, w], [100], flops=1000)
+    (h2,) = b.add_op("dot", [h, w], [100], flops=1000)
+    (out,) = b.add_op("mul", [h2, big], [100])
+    g = b.build(outputs=[out])
+    order = (0, 1, 2, 3)
+    result = get_algorithm("compress")(g, order, RematOptions(
+        _limit(g, 0.5), "compress", small_node_bytes=0))
+    copies = [result.rewritten.origin[o]
+              for o, c in enumerate(result.rewritten.is_copy) if c]
+    assert copies == [0]
+    assert all(is_expansion(g, o) for o in copies)
+    assert result.timeline.peak_bytes < result.baseline.peak_bytes
+
+
+def test_options_validate():
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        RematOptions(100, "magic")
+    assert set(ALGORITHMS) == {"standard", "path", "compress", "standardcompress"}
+    assert parse_bytes("2GiB") == 2 << 30
+    with pytest.raises(ValueError, match="cannot read"):
+        parse_bytes("lots")

@@ -1,0 +1,58 @@
+"""apply_plan: copies, rewiring, contiguous convex blocks, cycles refused."""
+
+import pytest
+
+from remat.core.graph import GraphBuilder
+from remat.core.plan import PlanError, Region, apply_plan, convex_hull
+from remat.core.simulate import check_schedule
+
+from .random_graphs import training_chain
+
+
+def test_copies_feed_the_consumers():
+    g = training_chain(4)
+    order = tuple(range(g.num_ops))
+    # Recompute layer 1's activation (op 1) for its backward readers.
+    late = tuple(u for u in g.users[g.ops[1].outputs[0]] if u > 4)
+    rw = apply_plan(g, order, [Region(recompute=(1,), consumers=late)])
+    check_schedule(rw.graph, rw.schedule)
+    copies = [o for o, c in enumerate(rw.is_copy) if c]
+    assert [rw.origin[o] for o in copies] == [1]
+    (copy_out,) = rw.graph.ops[copies[0]].outputs
+    readers = {rw.origin[u] for u in rw.graph.users[copy_out]}
+    assert readers == set(late)
+    (orig_out,) = rw.graph.ops[rw.instance[1]].outputs
+    assert all(rw.origin[u] not in late for u in rw.graph.users[orig_out])
+
+
+def test_blocks_are_contiguous_and_convex():
+    g = training_chain(6)
+    order = tuple(range(g.num_ops))
+    consumers = (8, 12)           # two backward ops with others between them
+    rw = apply_plan(g, order, [Region(recompute=(2,), consumers=consumers)])
+    (block,) = rw.blocks
+    assert list(block) == list(range(block[0], block[-1] + 1))
+    hull = convex_hull(g, consumers)
+    assert {rw.origin[o] for o in block if not rw.is_copy[o]} == hull
+    assert all(rw.region[o] == 0 for o in block)
+
+
+def test_overlapping_regions_are_merged():
+    g = training_chain(6)
+    order = tuple(range(g.num_ops))
+    rw = apply_plan(g, order, [Region((1,), (8, 12)), Region((2,), (10, 14))])
+    assert len(rw.blocks) == 1 and len(rw.regions) == 1
+    assert set(rw.regions[0].recompute) == {1, 2}
+
+
+def test_cycle_is_refused():
+    b = GraphBuilder()
+    x = b.add_input(10)
+    (a,) = b.add_op("a", [x], [10])
+    (c,) = b.add_op("c", [a], [10])
+    (d,) = b.add_op("d", [c, a], [10])
+    g = b.build(outputs=[d])
+    # The copy of op 1 reads ``a``, which op 0 defines inside the same block: the
+    # block would have to run before itself.
+    with pytest.raises(PlanError, match="its own region"):
+        apply_plan(g, (0, 1, 2), [Region(recompute=(1,), consumers=(0,))])
