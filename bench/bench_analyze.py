@@ -12,8 +12,9 @@ a markdown table and writes it to ``bench/results/analyze.md``:
 
 Run from the repository root::
 
-    python bench/bench_analyze.py              # every program
-    python bench/bench_analyze.py mlp_chain    # some of them
+    python bench/bench_analyze.py                   # every program
+    python bench/bench_analyze.py mlp_chain         # some of them (not saved)
+    python bench/bench_analyze.py --compile-chain   # also compile the 20k-op chain
 """
 
 from __future__ import annotations
@@ -120,6 +121,11 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> None:
+    load_at_start = os.getloadavg()[0]
+    # XLA fuses the whole 20k-op chain into one kernel and takes minutes to compile
+    # it (197 s measured), so it is compiled only on request.
+    compile_chain = "--compile-chain" in argv
+    argv = [a for a in argv if a != "--compile-chain"]
     chain_name, chain_fun, chain_args = long_chain()
     extras = extra_programs()
     main_set = [*ALL_MODELS, chain_name]
@@ -127,7 +133,7 @@ def main(argv: list[str]) -> None:
     rows, extra_rows = [], []
     for name in wanted:
         if name == chain_name:
-            rows.append(measure(name, chain_fun, chain_args))
+            rows.append(measure(name, chain_fun, chain_args, compile_xla=compile_chain))
         elif name in ALL_MODELS:
             model: Model = ALL_MODELS[name]()
             rows.append(measure(name, model.step, (model.params, model.batch)))
@@ -140,11 +146,16 @@ def main(argv: list[str]) -> None:
     header = (f"jax {jax.__version__}, backend {jax.default_backend()}, "
               f"{os.cpu_count()} CPUs, {platform.machine()}; footprint = argument + output"
               " + temp - alias bytes; times are one cold call each (analyze includes "
-              "tracing).\n\n")
+              f"tracing); 1-minute load average {load_at_start:.1f} at the start, "
+              f"{os.getloadavg()[0]:.1f} at the end (timings grow with it).\n\n")
     text = format_table(rows) if rows else ""
     if extra_rows:
         text += ("\n\nOther programs (not acceptance targets; they show where the model"
                  " holds and where it does not):\n\n" + format_table(extra_rows))
+    if not compile_chain and chain_name in wanted:
+        text += (f"\n\n{chain_name} is not compiled by default (XLA fuses the chain into "
+                 "one kernel and took 197 s to compile it on this machine); pass "
+                 "--compile-chain to include it.")
     print(text)
     if not argv:
         os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
