@@ -36,44 +36,13 @@ from ..core.graph import Graph, GraphBuilder
 from ..core.schedulers import best_schedule
 from ..core.simulate import simulate
 from .compat_graph import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, open_jaxpr_and_consts, source_line
+from .op_model import (elements, fusion_kind, is_half_float, is_half_precision_matmul,
+                       primitive_cost)
 
 __all__ = ["jaxpr_to_graph"]
 
 #: Control flow kept as one op.
 CONTROL_FLOW = frozenset({"scan", "while", "cond"})
-
-#: Call-like primitives always inlined (when their jaxpr matches the operands).
-INLINED_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
-                           "custom_vjp_call", "custom_vjp_call_jaxpr", "remat2", "checkpoint"})
-
-_TRANSCENDENTAL = frozenset({
-    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
-    "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "pow",
-    "sqrt", "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "lgamma", "digamma", "igamma",
-    "bessel_i0e", "bessel_i1e",
-})
-
-_ELEMENTWISE = _TRANSCENDENTAL | frozenset({
-    "add", "add_any", "sub", "mul", "div", "rem", "max", "min", "neg", "abs", "sign",
-    "floor", "ceil", "round", "is_finite", "integer_pow", "square", "reciprocal",
-    "select_n", "clamp", "convert_element_type", "eq", "ne", "gt", "ge", "lt", "le",
-    "and", "or", "not", "xor", "shift_left", "shift_right_logical",
-    "shift_right_arithmetic", "nextafter", "copy", "copy_p", "stop_gradient", "real",
-    "imag", "conj", "complex", "population_count", "clz",
-})
-
-#: Ops that fuse with their neighbours (elementwise and data movement).
-_LOOP_FUSIBLE = _ELEMENTWISE | frozenset({
-    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "iota", "slice",
-    "concatenate", "pad", "rev", "dynamic_slice",
-})
-
-#: Ops that absorb fusible producers but materialize their results.
-_REDUCE_FUSIBLE = frozenset({
-    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
-    "reduce_xor", "argmax", "argmin", "reduce_precision",
-})
-
 
 def jaxpr_to_graph(closed_jaxpr: ClosedJaxpr | Jaxpr, *,
                    donated: Sequence[bool] | None = None,
@@ -170,7 +139,7 @@ class _Flattener:
             if body is not None:
                 sub_jaxpr, sub_consts = body
                 outs = self.inline(sub_jaxpr, sub_consts, ins, source)
-            elif self.upcast and _is_half_precision_matmul(eqn):
+            elif self.upcast and is_half_precision_matmul(eqn):
                 outs = self._add_upcast_matmul(eqn, ins, source)
             elif ((key := _cse_key(eqn, ins) if self.merge_repeated else None) is not None
                   and key in self._computed):
@@ -181,8 +150,7 @@ class _Flattener:
                     self._computed[key] = outs
                 flops, transcendentals, working_set = _cost(eqn)
                 name = eqn.primitive.name
-                fusion = ("loop" if name in _LOOP_FUSIBLE
-                          else "reduce" if name in _REDUCE_FUSIBLE else "none")
+                fusion = fusion_kind(name)
                 self.ops.append(_PendingOp(name, [i for i in ins if i is not None], outs,
                                            flops, transcendentals, source, fusion,
                                            working_set, bool(eqn.effects)))
@@ -197,14 +165,14 @@ class _Flattener:
         for atom, v in zip(eqn.invars, ins):
             if v is None:
                 continue
-            if not _is_half_float(atom.aval):
+            if not is_half_float(atom.aval):
                 f32_ins.append(v)
                 continue
             if v not in self._f32_copy:
                 copy = self._new_sized_value(2 * self.value_bytes[v],
                                              "f32" + _dims(self.value_shapes[v]))
                 self.ops.append(_PendingOp("convert_element_type", [v], [copy],
-                                           float(_elements(atom.aval)), 0.0, source,
+                                           float(elements(atom.aval)), 0.0, source,
                                            "loop", 0, False))
                 self._f32_copy[v] = copy
             f32_ins.append(self._f32_copy[v])
@@ -216,7 +184,7 @@ class _Flattener:
         self.ops.append(_PendingOp(eqn.primitive.name, f32_ins, [wide], flops,
                                    transcendentals, source, "none", 0, False))
         self.ops.append(_PendingOp("convert_element_type", [wide], [out],
-                                   float(_elements(out_var.aval)), 0.0, source, "loop", 0,
+                                   float(elements(out_var.aval)), 0.0, source, "loop", 0,
                                    False))
         return [out]
 
@@ -327,49 +295,17 @@ def _cse_key(eqn: JaxprEqn, ins: list[int | None]) -> Any:
     return key
 
 
-def _is_half_float(aval: Any) -> bool:
-    dtype = getattr(aval, "dtype", None)
-    return dtype is not None and getattr(dtype, "name", "") in ("bfloat16", "float16")
-
-
-def _is_half_precision_matmul(eqn: JaxprEqn) -> bool:
-    return (eqn.primitive.name in ("dot_general", "conv_general_dilated")
-            and len(eqn.outvars) == 1
-            and any(_is_half_float(getattr(a, "aval", None)) for a in eqn.invars))
-
-
 def _dims(shape_text: str) -> str:
     """``"bf16[4,8]"`` -> ``"[4,8]"``."""
     start = shape_text.find("[")
     return shape_text[start:] if start >= 0 else shape_text
 
 
-def _elements(aval: Any) -> int:
-    shape = getattr(aval, "shape", None)
-    return math.prod(shape) if shape is not None else 0
-
-
 def _cost(eqn: JaxprEqn) -> tuple[float, float, int]:
     """``(flops, transcendentals, working_set_bytes)`` of a non-inlined equation."""
-    name = eqn.primitive.name
-    out_elements = sum(_elements(v.aval) for v in eqn.outvars)
-    if name == "dot_general":
-        (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-        lhs_shape = eqn.invars[0].aval.shape
-        contracted = math.prod(lhs_shape[d] for d in lhs_contract)
-        return 2.0 * out_elements * contracted, 0.0, 0
-    if name == "conv_general_dilated":
-        rhs = eqn.invars[1].aval.shape
-        out_feature_dim = eqn.params["dimension_numbers"].rhs_spec[0]
-        per_output = math.prod(rhs) // max(1, rhs[out_feature_dim])
-        return 2.0 * out_elements * per_output, 0.0, 0
-    if name in CONTROL_FLOW:
+    if eqn.primitive.name in CONTROL_FLOW:
         return _control_flow_cost(eqn)
-    if name in _TRANSCENDENTAL:
-        return float(out_elements), float(out_elements), 0
-    if name in _REDUCE_FUSIBLE or name.startswith("reduce") or name.startswith("cum"):
-        return float(sum(_elements(v.aval) for v in eqn.invars)), 0.0, 0
-    return float(out_elements), 0.0, 0
+    return (*primitive_cost(eqn), 0)
 
 
 def _control_flow_cost(eqn: JaxprEqn) -> tuple[float, float, int]:
