@@ -34,7 +34,7 @@ from remat.core.options import RematOptions, parse_bytes
 from remat.core.schedulers import get_scheduler
 from remat.core.simulate import simulate
 
-_RETRIES = 3
+_RETRIES = 5
 
 
 class MemoryLimitError(ValueError):
@@ -249,7 +249,7 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
   # Plan in our model's units: scale XLA's limit by how our model reads XLA.
   target = int(limit * predicted_base / max(baseline.total, 1))
   best = None
-  for _ in range(_RETRIES):
+  for attempt in range(_RETRIES):
     t = time.perf_counter()
     options = RematOptions(target, settings.algorithm, settings.scheduler,
                            settings.small_node_bytes)
@@ -264,8 +264,10 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
       best = plan
     if plan.met or not result.met:
       break   # done, or our model already says the target is out of reach
-    # XLA needs more than the model predicted: tighten the target in proportion.
-    target = int(target * limit / plan.planned.total)
+    # XLA needs more than the model predicted: aim lower by the miss (in model
+    # units), a little more each time.
+    miss = (plan.planned.total - limit) * predicted_base / max(baseline.total, 1)
+    target -= int(miss * (1.0 + 0.5 * attempt)) + 1
   _dump(best, settings)
   if not best.met:
     raise MemoryLimitError(

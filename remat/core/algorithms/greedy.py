@@ -116,6 +116,10 @@ class Estimate:
     def __init__(self, graph: Graph, schedule: Sequence[int], timeline: Timeline):
         self.graph = graph
         self.live = list(timeline.live_during_bytes)
+        self.after = list(timeline.live_after_bytes)
+        # step -> bytes a region's recomputation holds just before that step, on
+        # top of what is live after the previous step
+        self.transient: dict[int, int] = {}
         self.position = [0] * graph.num_ops
         for step, op in enumerate(schedule):
             self.position[op] = step
@@ -142,17 +146,28 @@ class Estimate:
                                       for u in graph.users[v])
 
     def peak(self) -> tuple[int, int]:
-        """``(bytes, step)`` of the highest step."""
+        """``(bytes, step)`` of the highest step (or recomputation before it)."""
         step = max(range(len(self.live)), key=self.live.__getitem__, default=-1)
-        return (self.live[step] if step >= 0 else 0), step
+        best = self.live[step] if step >= 0 else 0
+        for s, extra in self.transient.items():
+            during = (self.after[s - 1] if s > 0 else 0) + extra
+            if during > best:
+                best, step = during, s
+        return best, step
 
     def apply(self, d: Drop, sign: int = 1) -> None:
         """Adjusts the live bytes for dropping ``d`` (``sign=1``) or keeping it
-        after all (``sign=-1``)."""
+        after all (``sign=-1``): the value is gone between its last early reader
+        and the recomputation, which briefly holds the copy and the chain's other
+        results."""
         for s in range(d.early_end + 1, d.first_late):
             self.live[s] -= sign * d.nbytes
-        if d.first_late < len(self.live):
-            self.live[d.first_late] += sign * d.rebuilt_bytes
+            self.after[s] -= sign * d.nbytes
+        extra = self.transient.get(d.first_late, 0) + sign * (d.nbytes + d.rebuilt_bytes)
+        if extra:
+            self.transient[d.first_late] = extra
+        else:
+            self.transient.pop(d.first_late, None)
 
     def add(self, d: Drop) -> None:
         """Records the drop ``d``; the drops it extends now recompute its chain."""
@@ -212,11 +227,37 @@ def _drop_for(est: Estimate, v: int, peak: int, depth: int, strategy: Strategy,
                    lambda w: w in inputs or est.dies[w] >= first_late)
     if chain is None:
         return None
-    rebuilt = sum(graph.values[w].nbytes for o in chain for w in graph.ops[o].outputs
-                  if not est.fused[w])
+    rebuilt = _rebuild_peak(est, chain, v)
     cost = sum(op_cost(graph, o) for o in chain) * (1 + len(extends))
     return Drop(v, chain, tuple(sorted(late)), early_end, first_late,
                 graph.values[v].nbytes, rebuilt, cost, tuple(extends))
+
+
+def _rebuild_peak(est: Estimate, chain: Sequence[int], v: int) -> int:
+    """The most bytes the chain's results other than ``v`` hold at once while it
+    runs (the copy of ``v`` takes the place the original held): each result lives
+    until the last op of the chain that reads it, or to the end if read outside."""
+    graph = est.graph
+    members = set(chain)
+    order = sorted(chain, key=est.position.__getitem__)
+    step_of = {o: i for i, o in enumerate(order)}
+    live = peak = 0
+    ends: dict[int, int] = {}
+    for i, o in enumerate(order):
+        for w in graph.ops[o].outputs:
+            if w == v or est.fused[w]:
+                continue
+            readers = graph.users[w]
+            last = (max(step_of[u] for u in readers)
+                    if readers and all(u in members for u in readers) else len(order))
+            live += graph.values[w].nbytes
+            ends[w] = last
+        peak = max(peak, live)
+        for w, last in list(ends.items()):
+            if last == i:
+                live -= graph.values[w].nbytes
+                del ends[w]
+    return peak
 
 
 def _chain(graph: Graph, roots: Sequence[int], depth: int, strategy: Strategy,
@@ -254,23 +295,28 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
         peak_bytes, peak = est.peak()
         if peak_bytes <= target:
             return
-        best = None
+        candidates = []
         for v in range(len(graph.values)):
             if (v in dropped or v in inputs or v in outputs or est.fused[v] or
                     graph.values[v].nbytes < max(options.small_node_bytes, 1) or
                     not est.born[v] < peak <= est.dies[v]):
                 continue
             d = _drop_for(est, v, peak, depth, strategy, inputs)
-            if (d is not None and d.early_end < peak < d.first_late and
-                    (best is None or d.score > best.score)):
-                best = d
-        if best is None:
+            if d is not None and d.early_end < peak < d.first_late:
+                candidates.append(d)
+        candidates.sort(key=lambda d: -d.score)
+        for d in candidates:
+            est.apply(d)      # keep it unless it raises the peak elsewhere
+            if est.peak()[0] <= peak_bytes:
+                est.apply(d, sign=-1)
+                est.add(d)
+                dropped.add(d.value)
+                break
+            est.apply(d, sign=-1)
+        else:
             if not strategy.grow or depth >= options.max_chain_ops:
                 return
             depth = min(2 * depth, options.max_chain_ops)
-            continue
-        est.add(best)
-        dropped.add(best.value)
 
 
 def regions_of(drops: Sequence[Drop]) -> list[Region]:
