@@ -16,6 +16,7 @@ from .core.graph import Graph
 from .core.memlog import format_bytes, memlog
 from .core.plot import plot_timeline
 from .core.schedulers import get_scheduler
+from .core.schedulers.best import best_schedule_and_timeline
 from .core.simulate import Timeline, simulate
 
 __all__ = ["analyze", "MemoryReport"]
@@ -90,8 +91,11 @@ def analyze(fun: Callable[..., Any], *args: Any, scheduler: str = "best",
     """Predicts the memory XLA will need to run ``fun(*args, **kwargs)``.
 
     Traces ``fun`` with ``jax.make_jaxpr`` (nothing is compiled or run), converts the
-    whole program into a graph (``remat._jax.to_graph``), orders it with
-    ``scheduler`` and simulates the bytes live at each step.
+    whole program into a graph (``remat._jax.to_graph``; on the CPU backend, 16-bit
+    matmuls are modelled as the f32 computations XLA:CPU runs), orders it with
+    ``scheduler`` and simulates the bytes live at each step, with the simulator's
+    closest model of XLA (repeated equations merged as CSE does, temporaries allowed
+    in result buffers not yet written).
 
     Arguments:
       fun: the function, typically a whole training step such as
@@ -114,8 +118,13 @@ def analyze(fun: Callable[..., Any], *args: Any, scheduler: str = "best",
     schedule_fn = get_scheduler(scheduler)
     closed_jaxpr = jax.make_jaxpr(fun)(*args, **kwargs)
     with _gc_paused():
-        graph = jaxpr_to_graph(closed_jaxpr)
-        timeline = simulate(graph, schedule_fn(graph), check=False)
+        graph = jaxpr_to_graph(closed_jaxpr, merge_repeated=True,
+                               upcast_half_precision_matmuls=jax.default_backend() == "cpu")
+        if scheduler == "best":
+            _, timeline = best_schedule_and_timeline(graph, reuse_result_buffers=True)
+        else:
+            timeline = simulate(graph, schedule_fn(graph), check=False,
+                                reuse_result_buffers=True)
     return MemoryReport(graph, timeline, scheduler)
 
 

@@ -12,7 +12,9 @@ The graph is the whole program, as the compiler will see it:
 * literals are not values (they are immediates); closed-over constants become
   program inputs named ``const``;
 * equations whose results are never used (and that have no effects) are dropped, as
-  the compiler's dead-code elimination would.
+  the compiler's dead-code elimination would; optionally, an equation that repeats
+  an earlier one (same primitive, parameters and operands) is merged with it, as
+  the compiler's CSE would: this is why ``jax.checkpoint`` saves nothing on XLA:CPU.
 
 Example::
 
@@ -28,59 +30,38 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple, Sequence
 
+import numpy as np
+
 from ..core.graph import Graph, GraphBuilder
 from ..core.schedulers import best_schedule
 from ..core.simulate import simulate
 from .compat_graph import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, open_jaxpr_and_consts, source_line
+from .op_model import (elements, fusion_kind, is_half_float, is_half_precision_matmul,
+                       primitive_cost)
 
 __all__ = ["jaxpr_to_graph"]
 
 #: Control flow kept as one op.
 CONTROL_FLOW = frozenset({"scan", "while", "cond"})
 
-#: Call-like primitives always inlined (when their jaxpr matches the operands).
-INLINED_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
-                           "custom_vjp_call", "custom_vjp_call_jaxpr", "remat2", "checkpoint"})
-
-_TRANSCENDENTAL = frozenset({
-    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
-    "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "pow",
-    "sqrt", "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "lgamma", "digamma", "igamma",
-    "bessel_i0e", "bessel_i1e",
-})
-
-_ELEMENTWISE = _TRANSCENDENTAL | frozenset({
-    "add", "add_any", "sub", "mul", "div", "rem", "max", "min", "neg", "abs", "sign",
-    "floor", "ceil", "round", "is_finite", "integer_pow", "square", "reciprocal",
-    "select_n", "clamp", "convert_element_type", "eq", "ne", "gt", "ge", "lt", "le",
-    "and", "or", "not", "xor", "shift_left", "shift_right_logical",
-    "shift_right_arithmetic", "nextafter", "copy", "copy_p", "stop_gradient", "real",
-    "imag", "conj", "complex", "population_count", "clz",
-})
-
-#: Ops that fuse with their neighbours (elementwise and data movement).
-_LOOP_FUSIBLE = _ELEMENTWISE | frozenset({
-    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "iota", "slice",
-    "concatenate", "pad", "dynamic_slice",
-})
-
-#: Ops folded into whatever reads them (XLA reverses a kernel inside the convolution).
-_VIEWS = frozenset({"rev"})
-
-#: Ops that absorb fusible producers but materialize their results.
-_REDUCE_FUSIBLE = frozenset({
-    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
-    "reduce_xor", "argmax", "argmin", "reduce_precision",
-})
-
-
 def jaxpr_to_graph(closed_jaxpr: ClosedJaxpr | Jaxpr, *,
-                   donated: Sequence[bool] | None = None) -> Graph:
+                   donated: Sequence[bool] | None = None,
+                   merge_repeated: bool = False,
+                   upcast_half_precision_matmuls: bool = False) -> Graph:
     """Converts a (closed) jaxpr into a planning graph.
 
     Arguments:
       closed_jaxpr: e.g. ``jax.make_jaxpr(jax.grad(loss))(params, batch)``.
       donated: for each of the jaxpr's inputs, whether its buffer is donated.
+      merge_repeated: merge an equation that repeats an earlier one (same primitive,
+        parameters and operands) into it, as XLA's CSE does; this is what undoes
+        ``jax.checkpoint`` on XLA:CPU. Off by default, so that op ``i`` of the graph
+        stays equation ``i`` of an inlined, dead-code-free jaxpr (the automatic
+        pass maps plans back to equations that way).
+      upcast_half_precision_matmuls: model XLA:CPU, which runs bf16/f16 dots and
+        convolutions in f32: each 16-bit operand gets one f32 copy (shared by every
+        matmul that reads it, as XLA's CSE shares it), the matmul writes f32, and a
+        convert brings the result back to 16 bits.
 
     Returns:
       a :class:`remat.core.graph.Graph`; its inputs are the jaxpr's inputs in order,
@@ -90,7 +71,7 @@ def jaxpr_to_graph(closed_jaxpr: ClosedJaxpr | Jaxpr, *,
     if donated is not None and len(donated) != len(jaxpr.invars):
         raise ValueError(f"donated has {len(donated)} flags but the jaxpr has "
                          f"{len(jaxpr.invars)} inputs; give one flag per input.")
-    flat = _Flattener()
+    flat = _Flattener(merge_repeated, upcast_half_precision_matmuls)
     arg_ids = [flat.new_input(v.aval, "", bool(donated[i]) if donated else False)
                for i, v in enumerate(jaxpr.invars)]
     out_ids = flat.inline(jaxpr, consts, arg_ids)
@@ -114,7 +95,12 @@ class _PendingOp(NamedTuple):
 class _Flattener:
     """Inlines a jaxpr into flat lists of values and ops, then builds the graph."""
 
-    def __init__(self) -> None:
+    def __init__(self, merge_repeated: bool = False,
+                 upcast_half_precision_matmuls: bool = False) -> None:
+        self.merge_repeated = merge_repeated
+        self.upcast = upcast_half_precision_matmuls
+        self._f32_copy: dict[int, int] = {}  # 16-bit value -> its f32 copy
+        self._computed: dict[Any, list[int]] = {}  # CSE table: key -> output ids
         self.value_bytes: list[int] = []
         self.value_shapes: list[str] = []
         self.inputs: list[tuple[int, str, bool]] = []  # (value, name, donated)
@@ -153,19 +139,59 @@ class _Flattener:
             if body is not None:
                 sub_jaxpr, sub_consts = body
                 outs = self.inline(sub_jaxpr, sub_consts, ins, source)
+            elif self.upcast and is_half_precision_matmul(eqn):
+                outs = self._add_upcast_matmul(eqn, ins, source)
+            elif ((key := _cse_key(eqn, ins) if self.merge_repeated else None) is not None
+                  and key in self._computed):
+                outs = self._computed[key]  # XLA's CSE merges repeated computations
             else:
                 outs = [self.new_value(var.aval) for var in eqn.outvars]
+                if key is not None:
+                    self._computed[key] = outs
                 flops, transcendentals, working_set = _cost(eqn)
                 name = eqn.primitive.name
-                fusion = ("loop" if name in _LOOP_FUSIBLE
-                          else "reduce" if name in _REDUCE_FUSIBLE
-                          else "view" if name in _VIEWS else "none")
+                fusion = fusion_kind(name)
                 self.ops.append(_PendingOp(name, [i for i in ins if i is not None], outs,
                                            flops, transcendentals, source, fusion,
                                            working_set, bool(eqn.effects)))
             for var, v in zip(eqn.outvars, outs):
                 env[var] = v
         return [read(a) for a in jaxpr.outvars]
+
+    def _add_upcast_matmul(self, eqn: JaxprEqn, ins: list[int | None], source: str
+                           ) -> list[int]:
+        """A 16-bit matmul as XLA:CPU runs it: f32 copies in, f32 out, convert back."""
+        f32_ins = []
+        for atom, v in zip(eqn.invars, ins):
+            if v is None:
+                continue
+            if not is_half_float(atom.aval):
+                f32_ins.append(v)
+                continue
+            if v not in self._f32_copy:
+                copy = self._new_sized_value(2 * self.value_bytes[v],
+                                             "f32" + _dims(self.value_shapes[v]))
+                self.ops.append(_PendingOp("convert_element_type", [v], [copy],
+                                           float(elements(atom.aval)), 0.0, source,
+                                           "loop", 0, False))
+                self._f32_copy[v] = copy
+            f32_ins.append(self._f32_copy[v])
+        (out_var,) = eqn.outvars
+        out = self.new_value(out_var.aval)
+        wide = self._new_sized_value(2 * self.value_bytes[out],
+                                     "f32" + _dims(self.value_shapes[out]))
+        flops, transcendentals, _ = _cost(eqn)
+        self.ops.append(_PendingOp(eqn.primitive.name, f32_ins, [wide], flops,
+                                   transcendentals, source, "none", 0, False))
+        self.ops.append(_PendingOp("convert_element_type", [wide], [out],
+                                   float(elements(out_var.aval)), 0.0, source, "loop", 0,
+                                   False))
+        return [out]
+
+    def _new_sized_value(self, nbytes: int, shape: str) -> int:
+        self.value_bytes.append(nbytes)
+        self.value_shapes.append(shape)
+        return len(self.value_bytes) - 1
 
     def build(self, outputs: list[int]) -> Graph:
         # Dead-code elimination, as the compiler does.
@@ -247,32 +273,39 @@ def _inlinable_body(eqn: JaxprEqn) -> tuple[Jaxpr, list[Any]] | None:
     return None
 
 
-def _elements(aval: Any) -> int:
-    shape = getattr(aval, "shape", None)
-    return math.prod(shape) if shape is not None else 0
+def _cse_key(eqn: JaxprEqn, ins: list[int | None]) -> Any:
+    """What identifies ``eqn``'s computation for common-subexpression elimination,
+    or ``None`` when it must not be merged (effects, control flow, unhashable
+    parameters or literals)."""
+    if eqn.effects or eqn.primitive.name in CONTROL_FLOW:
+        return None
+    operands = []
+    for atom, v in zip(eqn.invars, ins):
+        if v is not None:
+            operands.append(v)
+        elif isinstance(atom, Literal):
+            operands.append(("literal", np.asarray(atom.val).tobytes(), atom.aval))
+        else:
+            return None  # a literal forwarded through an inlined call: rare, skip
+    try:
+        key = (eqn.primitive.name, tuple(operands), tuple(sorted(eqn.params.items())))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _dims(shape_text: str) -> str:
+    """``"bf16[4,8]"`` -> ``"[4,8]"``."""
+    start = shape_text.find("[")
+    return shape_text[start:] if start >= 0 else shape_text
 
 
 def _cost(eqn: JaxprEqn) -> tuple[float, float, int]:
     """``(flops, transcendentals, working_set_bytes)`` of a non-inlined equation."""
-    name = eqn.primitive.name
-    out_elements = sum(_elements(v.aval) for v in eqn.outvars)
-    if name == "dot_general":
-        (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-        lhs_shape = eqn.invars[0].aval.shape
-        contracted = math.prod(lhs_shape[d] for d in lhs_contract)
-        return 2.0 * out_elements * contracted, 0.0, 0
-    if name == "conv_general_dilated":
-        rhs = eqn.invars[1].aval.shape
-        out_feature_dim = eqn.params["dimension_numbers"].rhs_spec[0]
-        per_output = math.prod(rhs) // max(1, rhs[out_feature_dim])
-        return 2.0 * out_elements * per_output, 0.0, 0
-    if name in CONTROL_FLOW:
+    if eqn.primitive.name in CONTROL_FLOW:
         return _control_flow_cost(eqn)
-    if name in _TRANSCENDENTAL:
-        return float(out_elements), float(out_elements), 0
-    if name in _REDUCE_FUSIBLE or name.startswith("reduce") or name.startswith("cum"):
-        return float(sum(_elements(v.aval) for v in eqn.invars)), 0.0, 0
-    return float(out_elements), 0.0, 0
+    return (*primitive_cost(eqn), 0)
 
 
 def _control_flow_cost(eqn: JaxprEqn) -> tuple[float, float, int]:

@@ -13,9 +13,6 @@ graph alone (no schedule needed):
   it does not duplicate other multi-user producers: without that rule the
   transformer benchmark was under-predicted by 21%.
 
-A ``"view"`` op (a kernel reversal read by a convolution) is folded into its
-readers whatever they are: its results are fused unless they are program outputs.
-
 A fused value occupies no bytes; the values its producer reads must stay live until
 the fusion really runs, i.e. until the last op that consumes the fused chain (the
 simulator handles that with *anchors*, see ``remat.core.simulate``).
@@ -56,10 +53,6 @@ def fused_values(graph: Graph) -> list[bool]:
     fusion_of = list(range(len(ops)))
     for op_id in reversed(graph.topological_order):
         op = ops[op_id]
-        if op.fusion == "view":
-            for v in op.outputs:
-                fused[v] = bool(users[v]) and not is_output[v]
-            continue
         if op.fusion != "loop" or not op.outputs:
             continue
         read_bytes = sum(values[i].nbytes for i in set(op.inputs))

@@ -33,7 +33,7 @@ class GraphError(ValueError):
 
 
 #: The fusion kinds of an op (see ``Op.fusion``).
-FUSION_KINDS = ("none", "loop", "reduce", "view")
+FUSION_KINDS = ("none", "loop", "reduce")
 
 
 class Value(NamedTuple):
@@ -66,9 +66,7 @@ class Op(NamedTuple):
         ``"loop"`` for elementwise-like ops (elementwise math, convert, broadcast,
         reshape, select ...) that fuse with their neighbours; ``"reduce"`` for ops
         that absorb fusible producers but whose outputs are materialized
-        (reductions); ``"view"`` for ops the compiler folds into whatever reads them
-        (a reversed kernel read by a convolution); ``"none"`` for the rest (dots,
-        convolutions, loops ...).
+        (reductions); ``"none"`` for the rest (dots, convolutions, loops ...).
       working_set_bytes: scratch memory the op needs while it runs, beyond its inputs
         and outputs (the body of a loop or a conditional).
     """

@@ -7,8 +7,13 @@ XLA reports (``argument + output + temp - alias`` bytes of ``memory_analysis()``
 * **Program inputs** are live for the whole program: the caller owns them. A
   *donated* input is freed after its last use instead.
 * **Program outputs** occupy their own buffers for the whole program: XLA allocates
-  result buffers apart from its temporaries (``output_size_in_bytes``). It sometimes
-  places a temporary inside a result buffer that is not written yet; we ignore that.
+  result buffers apart from its temporaries (``output_size_in_bytes``).
+* **Temporaries inside result buffers** (with ``reuse_result_buffers=True``): before
+  a result is written, XLA's buffer assignment lets a temporary that fits (and dies
+  before the result is defined) live in the result's buffer, one at a time: it
+  then costs nothing. Seen on XLA:CPU: saved activations inside the buffers of
+  weight gradients. We place temporaries largest first, each in the smallest
+  result buffer that takes it.
 * **Every other value** is allocated when the op that defines it runs and freed right
   after the op that reads it last. A value nobody reads is freed right after it is
   defined.
@@ -22,9 +27,13 @@ XLA reports (``argument + output + temp - alias`` bytes of ``memory_analysis()``
 Hazards: the compiler schedules the program itself (we predict with the best of our
 schedulers, as XLA's default scheduler does); its heap can fragment (we assume it
 does not); it may reuse an operand's buffer for an elementwise result (we do not
-count that saving); CSE and algebraic simplification may remove ops we count.
+count that saving); CSE and algebraic simplification may remove ops we count, or
+add buffers (XLA:CPU's YNN fusions take materialized broadcast constants: a
+forward-only transformer is under-predicted by ~40% for that reason). Measured
+accuracy: ``bench/results/analyze.md``.
 
-Cost: O(ops + edges) with plain lists; 20,000 ops simulate in a few milliseconds.
+Cost: O(ops + edges) with plain lists, plus sorting the temporaries for the
+result-buffer placement; 20,000 ops simulate in tens of milliseconds.
 
 Example::
 
@@ -39,6 +48,7 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Sequence
 
@@ -70,6 +80,8 @@ class Timeline:
       fused: for each value id, whether fusion keeps it out of memory.
       last_use_step: for each value id, the step after which it is freed (-1 for
         values that are never freed: non-donated inputs and program outputs).
+      in_output_buffer: for each value id, whether it lives inside a program
+        output's buffer before that output is written (so it costs nothing).
     """
 
     schedule: tuple[int, ...]
@@ -83,6 +95,7 @@ class Timeline:
     output_bytes: int
     fused: list[bool]
     last_use_step: list[int]
+    in_output_buffer: list[bool]
 
     def live_values_at(self, graph: Graph, step: int) -> list[int]:
         """Ids of the values occupying memory while ``step`` runs (O(values))."""
@@ -94,7 +107,7 @@ class Timeline:
             defined_at[v] = -1  # result buffers exist from the start
         live = []
         for v, value in enumerate(graph.values):
-            if self.fused[v] or value.nbytes == 0:
+            if self.fused[v] or self.in_output_buffer[v] or value.nbytes == 0:
                 continue
             born = defined_at[v]
             dies = self.last_use_step[v]
@@ -125,13 +138,18 @@ def check_schedule(graph: Graph, schedule: Sequence[int]) -> None:
                                     f"at step {position[p]}.")
 
 
-def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True) -> Timeline:
+def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True,
+             reuse_result_buffers: bool = False) -> Timeline:
     """Simulates the memory of running ``graph``'s ops in ``schedule`` order.
 
     Arguments:
       graph: the program.
       schedule: every op id once, in a topological order (e.g. from a scheduler).
       check: verify that ``schedule`` is a topological order (O(ops + edges)).
+      reuse_result_buffers: let temporaries live in result buffers not yet written
+        (see the module docstring). Closer to XLA (``remat.analyze`` turns it on);
+        off by default because planning algorithms that estimate savings per value
+        must then skip values that cost nothing (``Timeline.in_output_buffer``).
 
     Returns:
       a :class:`Timeline` (see the module docstring for the memory model).
@@ -141,8 +159,9 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True) -> Ti
         check_schedule(graph, schedule)
     ops = graph.ops
     users = graph.users
+    values = graph.values
     n_steps = len(schedule)
-    n_values = len(graph.values)
+    n_values = len(values)
     fused = fused_values(graph)
     resident = resident_bytes(graph)
 
@@ -157,40 +176,57 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True) -> Ti
         else:
             anchor[op_id] = step
 
+    input_set = set(graph.inputs)
+    output_set = set(graph.outputs) - input_set
+    donated = graph.donated
     never_freed = [False] * n_values
     for v in graph.outputs:
         never_freed[v] = True
-    donated = graph.donated
-    for v in graph.inputs:
+    for v in input_set:
         if v not in donated:
             never_freed[v] = True
 
-    freed_bytes = [0] * n_steps
+    # Each temporary's life: [defined_at, last_use_step].
+    defined_at = [-1] * n_values
     last_use_step = [-1] * n_values
     for v in range(n_values):
         if never_freed[v] or fused[v]:
             continue
+        p = values[v].producer
         readers = users[v]
         if readers:
             last = max(anchor[u] for u in readers)
+        elif p is not None:
+            last = anchor[p]
         else:
-            p = graph.values[v].producer
-            last = anchor[p] if p is not None else -1
-            if last == -1:  # an unread donated input is free from the start
-                continue
+            continue  # an unread donated input is free from the start
         last_use_step[v] = last
-        freed_bytes[last] += resident[v]
+        if p is not None:
+            defined_at[v] = anchor[p]
 
-    input_set = set(graph.inputs)
-    input_bytes = sum(graph.values[v].nbytes for v in input_set)
-    output_set = set(graph.outputs) - input_set
-    output_bytes = sum(graph.values[v].nbytes for v in output_set)
-    unread_donated = sum(graph.values[v].nbytes for v in input_set
+    if reuse_result_buffers:
+        in_output_buffer = _place_in_output_buffers(graph, anchor, resident, defined_at,
+                                                    last_use_step, output_set)
+    else:
+        in_output_buffer = [False] * n_values
+    allocated = list(resident)
+    for v in output_set:
+        allocated[v] = 0  # allocated up front
+    for v in range(n_values):
+        if in_output_buffer[v]:
+            allocated[v] = 0
+
+    freed_bytes = [0] * n_steps
+    for v in range(n_values):
+        last = last_use_step[v]
+        if last >= 0:
+            freed_bytes[last] += allocated[v] if values[v].producer is not None else resident[v]
+
+    input_bytes = sum(values[v].nbytes for v in input_set)
+    output_bytes = sum(values[v].nbytes for v in output_set)
+    unread_donated = sum(values[v].nbytes for v in input_set
                          if v in donated and not users[v])
     live = input_bytes + output_bytes - unread_donated
-    allocated_at_step = list(resident)
-    for v in output_set:
-        allocated_at_step[v] = 0  # allocated up front
     defined_bytes = [0] * n_steps
     live_during = [0] * n_steps
     live_after = [0] * n_steps
@@ -199,7 +235,7 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True) -> Ti
         op = ops[schedule[step]]
         defined = 0
         for v in op.outputs:
-            defined += allocated_at_step[v]
+            defined += allocated[v]
         during = live + defined + op.working_set_bytes
         defined_bytes[step] = defined
         live_during[step] = during
@@ -208,4 +244,43 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True) -> Ti
         live = live + defined - freed_bytes[step]
         live_after[step] = live
     return Timeline(schedule, defined_bytes, freed_bytes, live_during, live_after,
-                    peak, peak_step, input_bytes, output_bytes, fused, last_use_step)
+                    peak, peak_step, input_bytes, output_bytes, fused, last_use_step,
+                    in_output_buffer)
+
+
+#: How many candidate output buffers to try for one temporary before giving up.
+_MAX_BUFFER_TRIES = 32
+
+
+def _place_in_output_buffers(graph: Graph, anchor: list[int], resident: list[int],
+                             defined_at: list[int], last_use_step: list[int],
+                             output_set: set[int]) -> list[bool]:
+    """Which temporaries live inside a result buffer that is not written yet.
+
+    Like XLA's buffer assignment: a result buffer holds one value at a time, at its
+    start; a temporary fits if it is no larger, dies before the result is defined,
+    and its life does not overlap another temporary placed there. Largest
+    temporaries are placed first, each in the smallest buffer that takes it.
+    """
+    hosted = [False] * len(graph.values)
+    if not output_set:
+        return hosted
+    slots = sorted((graph.values[o].nbytes, anchor[graph.values[o].producer], o)
+                   for o in output_set if graph.values[o].producer is not None)
+    slot_sizes = [size for size, _, _ in slots]
+    occupied: list[list[tuple[int, int]]] = [[] for _ in slots]
+    temporaries = sorted((v for v in range(len(graph.values))
+                          if defined_at[v] >= 0 and resident[v] > 0),
+                         key=lambda v: (-resident[v], defined_at[v]))
+    for v in temporaries:
+        size, born, dies = resident[v], defined_at[v], last_use_step[v]
+        first = bisect.bisect_left(slot_sizes, size)
+        for k in range(first, min(len(slots), first + _MAX_BUFFER_TRIES)):
+            if slots[k][1] <= dies:
+                continue  # the result is written before the temporary dies
+            if any(b <= dies and born <= e for b, e in occupied[k]):
+                continue
+            occupied[k].append((born, dies))
+            hosted[v] = True
+            break
+    return hosted

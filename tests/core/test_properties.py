@@ -31,10 +31,13 @@ def dags(draw) -> Graph:
 def test_schedules_and_simulation_are_consistent(g):
     fused = fused_values(g)
     peaks = {}
-    for name, scheduler in SCHEDULERS.items():
-        schedule = scheduler(g)
-        tl = simulate(g, schedule)  # raises unless a topological order of every op
-        peaks[name] = tl.peak_bytes
+    runs = [(name, reuse) for name in SCHEDULERS for reuse in (False, True)]
+    for name, reuse in runs:
+        schedule = SCHEDULERS[name](g)
+        # raises unless a topological order of every op
+        tl = simulate(g, schedule, reuse_result_buffers=reuse)
+        if not reuse:
+            peaks[name] = tl.peak_bytes
         assert min(tl.freed_bytes) >= 0 and min(tl.live_after_bytes) >= 0
         # live after a step = live during it - its scratch - what it frees
         for step, op_id in enumerate(schedule):
@@ -49,5 +52,8 @@ def test_schedules_and_simulation_are_consistent(g):
         largest_op = max(
             sum(g.values[v].nbytes for v in set(op.inputs) | set(op.outputs) if not fused[v])
             for op in g.ops)
-        assert tl.peak_bytes >= largest_op
+        if not reuse:
+            assert tl.peak_bytes >= largest_op
+        else:
+            assert tl.peak_bytes <= peaks[name]  # reuse never costs memory
     assert peaks["best"] == min(peaks["list"], peaks["dfs"], peaks["postorder"])

@@ -12,10 +12,30 @@ from .random_graphs import chain, random_dag
 
 def test_chain_peak_is_input_output_and_two_temporaries():
     g = chain(5, nbytes=100)  # x, t0..t3 temporaries, t4 output
-    tl = simulate(g, g.topological_order)
+    assert simulate(g, g.topological_order).peak_bytes == 400  # x + out + 2 temporaries
+    tl = simulate(g, g.topological_order, reuse_result_buffers=True)
     assert tl.input_bytes == 100 and tl.output_bytes == 100
-    assert tl.peak_bytes == 400  # x + out + (previous temporary + new temporary)
+    # one of the two temporaries sits in the unwritten output buffer
+    assert tl.peak_bytes == 300
+    assert tl.in_output_buffer[1] and not tl.in_output_buffer[2]
     assert tl.live_after_bytes[-1] == 200
+
+
+def test_temporaries_use_unwritten_result_buffers_one_at_a_time():
+    b = GraphBuilder()
+    x = b.add_input(10)
+    (big,) = b.add_op("big", [x], [500])
+    (small,) = b.add_op("small", [big], [100])
+    (too_big,) = b.add_op("too_big", [small], [2000])
+    (late,) = b.add_op("late", [too_big], [10])
+    (grad,) = b.add_op("grad", [late, small], [600])
+    g = b.build(outputs=[grad])
+    assert not any(simulate(g, g.topological_order).in_output_buffer)
+    tl = simulate(g, g.topological_order, reuse_result_buffers=True)
+    assert tl.in_output_buffer[big]  # fits in grad's 600 bytes, dies at step 1
+    assert not tl.in_output_buffer[too_big]  # larger than any result buffer
+    assert not tl.in_output_buffer[small]  # read by grad itself: alive when written
+    assert tl.peak_bytes == 10 + 600 + 100 + 2000 + 10  # while "late" runs
 
 
 def test_rejects_non_topological_schedule():
@@ -84,6 +104,7 @@ def test_invariants_on_random_dags(seed):
     fused = fused_values(g)
     for name, scheduler in SCHEDULERS.items():
         schedule = scheduler(g)
+        simulate(g, schedule, reuse_result_buffers=True)  # consistent in both modes
         tl = simulate(g, schedule)  # checks it is a topological order of every op
         assert sorted(schedule) == list(range(len(g.ops))), name
         assert all(f >= 0 for f in tl.freed_bytes)

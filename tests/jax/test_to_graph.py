@@ -118,3 +118,39 @@ def test_convolution_flops():
     g = jaxpr_to_graph(jax.make_jaxpr(prog)(x, w))
     (conv,) = g.ops
     assert conv.flops == 2 * (2 * 8 * 8 * 5) * (3 * 3 * 3)
+
+
+def test_half_precision_matmuls_can_be_modelled_as_xla_cpu_runs_them():
+    w = jnp.ones((8, 8), jnp.bfloat16)
+    x = jnp.ones((4, 8), jnp.bfloat16)
+    closed = jax.make_jaxpr(lambda w, x: (x @ w) @ w)(w, x)
+    plain = jaxpr_to_graph(closed)
+    assert labels(plain) == ["dot_general", "dot_general"]
+    upcast = jaxpr_to_graph(closed, upcast_half_precision_matmuls=True)
+    # one f32 copy per 16-bit operand (w's is shared by both dots), f32 dots,
+    # converts back to bf16
+    assert labels(upcast).count("convert_element_type") == 2 + 2 + 1
+    dots = [op for op in upcast.ops if op.label == "dot_general"]
+    assert [upcast.values[v].nbytes for op in dots for v in op.outputs] == [128, 128]
+    w_copy = dots[0].inputs[1]
+    assert dots[1].inputs[1] == w_copy and upcast.values[w_copy].nbytes == 256
+    assert upcast.values[upcast.outputs[0]].nbytes == 64
+
+
+def test_repeated_computations_are_merged_as_xla_cse_would():
+    def prog(x):
+        return jnp.sin(x) * jnp.sin(x) + jnp.sin(x + 1.0) * jnp.sin(x + 1.0)
+
+    closed = jax.make_jaxpr(prog)(jnp.ones(3))
+    assert labels(jaxpr_to_graph(closed)).count("sin") == 4  # off by default
+    g = jaxpr_to_graph(closed, merge_repeated=True)
+    assert labels(g).count("sin") == 2  # sin(x) and sin(x + 1)
+    assert labels(g).count("add") == 2
+
+
+def test_checkpointed_recomputation_is_merged_with_the_forward():
+    def loss(x):
+        return jnp.sum(jax.checkpoint(lambda y: jnp.sin(jnp.sin(y)))(x))
+
+    g = jaxpr_to_graph(jax.make_jaxpr(jax.grad(loss))(jnp.ones(3)), merge_repeated=True)
+    assert labels(g).count("sin") == 1  # the recomputed sin is the forward one

@@ -8,12 +8,12 @@ lowest; ties go to the earlier one in that order.
 from __future__ import annotations
 
 from ..graph import Graph
-from ..simulate import simulate
+from ..simulate import Timeline, simulate
 from .dfs import dfs_schedule
 from .list import list_schedule
 from .postorder import postorder_schedule
 
-__all__ = ["best_schedule", "CANDIDATES"]
+__all__ = ["best_schedule", "best_schedule_and_timeline", "CANDIDATES"]
 
 #: The schedulers ``best_schedule`` tries, in tie-breaking order.
 CANDIDATES = (list_schedule, dfs_schedule, postorder_schedule)
@@ -30,12 +30,19 @@ def best_schedule(graph: Graph) -> tuple[int, ...]:
         >>> best_schedule(b.build(outputs=[y]))
         (0,)
     """
-    best: tuple[int, ...] | None = None
-    best_peak = 0
+    return best_schedule_and_timeline(graph)[0]
+
+
+def best_schedule_and_timeline(graph: Graph, *, reuse_result_buffers: bool = False
+                               ) -> tuple[tuple[int, ...], Timeline]:
+    """:func:`best_schedule` and its simulated timeline (saves a simulation);
+    ``reuse_result_buffers`` is passed to ``simulate``."""
+    best: tuple[tuple[int, ...], Timeline] | None = None
     for scheduler in CANDIDATES:
         schedule = scheduler(graph)
-        peak = simulate(graph, schedule, check=False).peak_bytes
-        if best is None or peak < best_peak:
-            best, best_peak = schedule, peak
+        timeline = simulate(graph, schedule, check=False,
+                            reuse_result_buffers=reuse_result_buffers)
+        if best is None or timeline.peak_bytes < best[1].peak_bytes:
+            best = schedule, timeline
     assert best is not None
     return best

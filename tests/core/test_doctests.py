@@ -1,0 +1,19 @@
+"""The examples in the core's docstrings run and print what they say."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "remat.core.graph", "remat.core.fusion", "remat.core.simulate", "remat.core.memlog",
+    "remat.core.dot", "remat.core.schedulers.postorder", "remat.core.schedulers.dfs",
+    "remat.core.schedulers.list", "remat.core.schedulers.best",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name),
+                             optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0

@@ -1,0 +1,13 @@
+"""The examples in the JAX adapter's and analyze's docstrings run."""
+
+import doctest
+import importlib
+
+import pytest
+
+
+@pytest.mark.parametrize("name", ["remat._jax.to_graph", "remat._analyze"])
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name),
+                             optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted > 0
