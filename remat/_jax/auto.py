@@ -72,7 +72,8 @@ class Plan:
     result: the planning result (graph level: regions, simulations).
     graph: the planning graph of the program as written.
     jaxpr: the rewritten program.
-    plan_seconds: time spent tracing, planning and rewriting (not compiling).
+    plan_seconds: time spent planning and rewriting (not tracing, which
+      ``jax.jit`` does too, nor compiling).
     out_tree: the structure of the program's outputs.
     compiled: the compiled rewritten program.
   """
@@ -232,8 +233,8 @@ def _lower_bound(graph: Graph) -> int:
 
 
 def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
-  start = time.perf_counter()
   closed, flat_args, out_tree = _trace(fun, args, kwargs)
+  start = time.perf_counter()     # tracing is not planning: jax.jit traces too
   flat = inline_calls(closed)
   graph = _graph_of(flat)
   schedule = get_scheduler(settings.scheduler)(graph)

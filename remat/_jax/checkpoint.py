@@ -66,6 +66,8 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
   >>> g.shape
   (4, 4)
   """
+  if not callable(fun):
+    raise TypeError(f"remat.checkpoint: fun must be callable, got {fun!r}.")
   static_argnums = _check_static_argnums(static_argnums)
   prevent_cse = _check_prevent_cse(prevent_cse)
   if lowering is not None and lowering not in STRATEGIES:
@@ -177,18 +179,32 @@ def _flat_prevent_cse(prevent_cse, num_consts, dyn_args, kwargs, static_argnums,
   if isinstance(prevent_cse, bool):
     return prevent_cse
   static = {i % nargs for i in static_argnums}
-  per_arg = [p for i, p in enumerate(prevent_cse) if i not in static]
+  per_arg = [(i, p) for i, p in enumerate(prevent_cse) if i not in static]
   if len(per_arg) != len(dyn_args):
     raise ValueError(
         f"remat.checkpoint: prevent_cse has {len(prevent_cse)} entries but the "
         f"function was called with {nargs} positional arguments; give one bool "
         "per positional argument (static ones included), or a single bool.")
   flags = []
-  for p, a in zip(per_arg, dyn_args):
-    flags += jax.tree_util.tree_leaves(
-        jax.tree_util.tree_map(lambda _: p, a) if isinstance(p, bool) else p)
+  for (i, p), a in zip(per_arg, dyn_args):
+    flags += _leaf_flags(p, a, i)
   flags += [True] * len(jax.tree_util.tree_leaves(kwargs))
   return (False,) * num_consts + tuple(flags)
+
+
+def _leaf_flags(flags, arg, position: int) -> list[bool]:
+  """One flag per leaf of ``arg``, from ``flags``: a bool, or a pytree of bools
+  whose structure is ``arg``'s or a prefix of it."""
+  try:
+    per_subtree = jax.tree_util.tree_map(
+        lambda flag, sub: [flag] * len(jax.tree_util.tree_leaves(sub)), flags, arg)
+  except ValueError as e:
+    raise ValueError(
+        f"remat.checkpoint: prevent_cse entry {flags!r} for positional argument "
+        f"{position} does not match the argument's structure "
+        f"{jax.tree_util.tree_structure(arg)}; give a bool, or a pytree of bools "
+        "with the argument's structure (or a prefix of it).") from e
+  return jax.tree_util.tree_leaves(per_subtree)
 
 
 class _Static:

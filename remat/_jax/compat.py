@@ -8,6 +8,8 @@ one file to revisit.
 
 from __future__ import annotations
 
+import os
+
 from jax._src import api_util as api_util
 from jax._src import core as core
 from jax._src import effects as effects
@@ -27,6 +29,11 @@ from jax._src.state.types import AbstractRef as AbstractRef
 from jax._src.state.types import AccumEffect as AccumEffect
 from jax._src.state.types import WriteEffect as WriteEffect
 from jax._src.util import weakref_lru_cache as weakref_lru_cache
+
+# Source locations recorded on equations (shown by saved_residuals and in jaxprs)
+# skip remat's own frames, as they skip JAX's, so that they name the user's line.
+_REMAT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+source_info_util.register_exclusion(_REMAT_DIR)
 
 # Policy answers understood by JAX's partial evaluator (``partial_eval_jaxpr_custom``).
 Saveable = pe.Saveable

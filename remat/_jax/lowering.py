@@ -103,7 +103,7 @@ def _lower_cond(ctx, jaxpr, args):
         [*(tokens_in.get(e) for e in ordered), *_zeros(ctx)])
     hlo.return_(flat)
   results = treedef.unflatten(list(if_op.results))
-  ctx.set_tokens_out(mlir.TokenSet(list(zip(ordered, results[:len(ordered)]))))
+  ctx.set_tokens_out(mlir.TokenSet(dict(zip(ordered, results[:len(ordered)]))))
   return results[len(ordered):]
 
 

@@ -85,8 +85,8 @@ def _purify(jaxpr: core.Jaxpr, discharge_inputs: bool) -> PureRegion:
   should = [i in positions for i in range(len(jaxpr.invars))]
   pure = state_discharge.discharge_state(pe.close_jaxpr(jaxpr),
                                          should_discharge=should)
-  return PureRegion(pure.jaxpr, list(pure.consts), positions,
-                    tuple(i in written for i in positions))
+  return PureRegion(pe.convert_constvars_jaxpr(pure.jaxpr), list(pure.consts),
+                    positions, tuple(i in written for i in positions))
 
 
 def check_effects(jaxpr: core.Jaxpr) -> None:

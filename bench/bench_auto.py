@@ -1,0 +1,143 @@
+"""Benchmark: automatic rematerialization (``remat.jit``) under memory limits.
+
+For each model's training gradient, each algorithm and each limit (a fraction of
+the plain program's temporaries, on top of its arguments and outputs), we plan,
+compile and report XLA's own figures: the compiled footprint against the limit,
+the FLOPs ratio to the plain program (``cost_analysis()``), the median step-time
+ratio (plain and rematerialized steps timed in turn), the planning time (tracing
+excluded, as ``jax.jit`` traces too) against XLA's compile time of the plain
+program, and whether the gradients match. A limit that cannot be met is reported
+with the least footprint reached.
+
+Run from the repository root: ``python -m bench.bench_auto`` (``--models``,
+``--algorithms``, ``--limits`` to choose). Writes ``bench/results/auto.md`` and
+``bench/results/auto.png`` (memory vs time, one point per plan).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import time
+
+import jax
+import numpy as np
+
+import remat
+from bench import models
+
+MODELS = {
+    "mlp_chain": models.mlp_chain,
+    "transformer": models.transformer,
+    "unet": models.unet,
+    "resnet50": models.resnet50,
+}
+
+
+def _median_times(fns, args, rounds):
+  times = [[] for _ in fns]
+  for _ in range(rounds):
+    for k, fn in enumerate(fns):
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[k].append(time.perf_counter() - start)
+  return [float(np.median(t)) for t in times]
+
+
+def run_model(name: str, algorithms, limits, rounds: int) -> list[dict]:
+  model = MODELS[name]()
+  step = jax.grad(model.loss_fn)
+  args = (model.params, model.batch)
+  flat = jax.tree_util.tree_leaves(args)
+  lowered = jax.jit(step).lower(*args)
+  start = time.perf_counter()
+  plain = lowered.compile()
+  compile_s = time.perf_counter() - start
+  want = jax.tree_util.tree_leaves(plain(*args))
+  plain_flops = plain.cost_analysis()["flops"]
+  rows = []
+  for algorithm in algorithms:
+    for fraction in limits:
+      row = dict(model=name, algorithm=algorithm, fraction=fraction,
+                 compile_s=compile_s)
+      try:
+        plan = remat.plan(step, *args, memory_limit=fraction, algorithm=algorithm)
+      except remat.MemoryLimitError as e:
+        row.update(error=str(e))
+        rows.append(row)
+        print(_line(row), flush=True)
+        continue
+      got = plan.compiled(*flat)
+      err = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) + 1e-30))
+                for a, b in zip(want, got))
+      t_plain, t_plan = _median_times(
+          [lambda *xs: plain(*args), plan.compiled], flat, rounds)
+      row.update(limit=plan.limit_bytes, baseline=plan.baseline.total,
+                 footprint=plan.planned.total,
+                 flops_ratio=plan.compiled.cost_analysis()["flops"] / plain_flops,
+                 time_ratio=t_plan / t_plain, plan_s=plan.plan_seconds, rel_err=err)
+      rows.append(row)
+      print(_line(row), flush=True)
+  return rows
+
+
+def _line(r: dict) -> str:
+  if "error" in r:
+    least = r["error"].split("the least reached is ")[1].split(";")[0]
+    return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | refused: least "
+            f"reached {least} | | | | | |")
+  mib = 2 ** 20
+  return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | "
+          f"{r['limit'] / mib:.1f} | {r['baseline'] / mib:.1f} -> "
+          f"{r['footprint'] / mib:.1f} | {r['flops_ratio']:.2f} | "
+          f"{r['time_ratio']:.2f} | {r['plan_s']:.2f} / {r['compile_s']:.2f} | "
+          f"{r['rel_err']:.0e} |")
+
+
+HEADER = ("| model | algorithm | limit (of temps) | limit (MiB) | XLA footprint (MiB) | "
+          "FLOPs ratio | step-time ratio | plan / compile (s) | grad rel. err |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def plot(rows: list[dict], path: pathlib.Path) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, len({r["model"] for r in rows}), figsize=(16, 4),
+                           squeeze=False)
+  for ax, name in zip(axes[0], dict.fromkeys(r["model"] for r in rows)):
+    for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
+      pts = [(r["footprint"] / r["baseline"], r["time_ratio"]) for r in rows
+             if r["model"] == name and r["algorithm"] == algorithm and "error" not in r]
+      if pts:
+        ax.plot(*zip(*sorted(pts)), "o-", label=algorithm)
+    ax.set_title(name)
+    ax.set_xlabel("XLA footprint / plain")
+    ax.set_ylabel("step time / plain")
+    ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--models", default=",".join(MODELS))
+  parser.add_argument("--algorithms", default="path,standard,compress,standardcompress")
+  parser.add_argument("--limits", default="0.75,0.5,0.3")
+  parser.add_argument("--rounds", type=int, default=5)
+  args = parser.parse_args()
+  print(HEADER, flush=True)
+  rows = []
+  for name in args.models.split(","):
+    rows += run_model(name, args.algorithms.split(","),
+                      [float(x) for x in args.limits.split(",")], args.rounds)
+  out = pathlib.Path(__file__).parent / "results"
+  out.mkdir(exist_ok=True)
+  (out / "auto.md").write_text(
+      f"Device: {jax.default_backend()}, jax {jax.__version__}; median of "
+      f"{args.rounds} steps.\n\n{HEADER}\n" + "\n".join(_line(r) for r in rows) + "\n")
+  plot(rows, out / "auto.png")
+
+
+if __name__ == "__main__":
+  main()
