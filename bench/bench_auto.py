@@ -48,7 +48,6 @@ def run_model(name: str, algorithms, limits, rounds: int) -> list[dict]:
   model = MODELS[name]()
   step = jax.grad(model.loss_fn)
   args = (model.params, model.batch)
-  flat = jax.tree_util.tree_leaves(args)
   lowered = jax.jit(step).lower(*args)
   start = time.perf_counter()
   plain = lowered.compile()
@@ -67,11 +66,10 @@ def run_model(name: str, algorithms, limits, rounds: int) -> list[dict]:
         rows.append(row)
         print(_line(row), flush=True)
         continue
-      got = plan.compiled(*flat)
+      got = jax.tree_util.tree_leaves(plan.compiled(*args))
       err = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) + 1e-30))
                 for a, b in zip(want, got))
-      t_plain, t_plan = _median_times(
-          [lambda *xs: plain(*args), plan.compiled], flat, rounds)
+      t_plain, t_plan = _median_times([plain, plan.compiled], args, rounds)
       row.update(limit=plan.limit_bytes, baseline=plan.baseline.total,
                  footprint=plan.planned.total,
                  flops_ratio=plan.compiled.cost_analysis()["flops"] / plain_flops,

@@ -1,3 +1,4 @@
+"""remat.analyze: predicted memory of whole programs."""
 
 import jax
 import jax.numpy as jnp

@@ -206,9 +206,18 @@ def _trace(fun, args, kwargs):
   return closed, flat_args, jax.tree_util.tree_structure(out_shape)
 
 
-def _compile(closed: core.ClosedJaxpr, flat_args, jit_kwargs):
-  fn = jax.jit(lambda *xs: core.jaxpr_as_fun(closed)(*xs), **jit_kwargs)
-  return fn.lower(*flat_args).compile()
+def _as_function(closed: core.ClosedJaxpr, out_tree) -> Callable:
+  """The program ``closed`` as a function of the original (args, kwargs)
+  structure, so that ``jit_kwargs`` such as ``donate_argnums`` keep their meaning."""
+  def run(*args, **kwargs):
+    outs = core.jaxpr_as_fun(closed)(*jax.tree_util.tree_leaves((args, kwargs)))
+    return jax.tree_util.tree_unflatten(out_tree, outs)
+  return run
+
+
+def _compile(closed: core.ClosedJaxpr, out_tree, args, kwargs, jit_kwargs):
+  return jax.jit(_as_function(closed, out_tree), **jit_kwargs).lower(
+      *args, **kwargs).compile()
 
 
 def _graph_of(flat: core.ClosedJaxpr) -> Graph:
@@ -233,7 +242,7 @@ def _lower_bound(graph: Graph) -> int:
 
 
 def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
-  closed, flat_args, out_tree = _trace(fun, args, kwargs)
+  closed, _, out_tree = _trace(fun, args, kwargs)
   start = time.perf_counter()     # tracing is not planning: jax.jit traces too
   flat = inline_calls(closed)
   graph = _graph_of(flat)
@@ -241,7 +250,7 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
   algorithm = get_algorithm(settings.algorithm)
   planning = time.perf_counter() - start
 
-  baseline = XlaFootprint.of(_compile(flat, flat_args, jit_kwargs))
+  baseline = XlaFootprint.of(_compile(flat, out_tree, args, kwargs, jit_kwargs))
   limit = settings.memory_limit
   if isinstance(limit, float):
     limit = int(baseline.argument + baseline.output - baseline.alias +
@@ -258,7 +267,7 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     rewritten = core.ClosedJaxpr(rewrite_jaxpr(flat.jaxpr, result.rewritten),
                                  flat.consts)
     planning += time.perf_counter() - t
-    compiled = _compile(rewritten, flat_args, jit_kwargs)
+    compiled = _compile(rewritten, out_tree, args, kwargs, jit_kwargs)
     plan = Plan(limit, baseline, XlaFootprint.of(compiled), result, graph,
                 rewritten, planning, out_tree, compiled)
     if best is None or plan.planned.total < best.planned.total:
@@ -343,14 +352,11 @@ class RematJitted:
   def lower(self, *args, **kwargs):
     """Lowers the rewritten program (``.compile()`` works on the result)."""
     plan = self._entry(args, kwargs)
-    flat = jax.tree_util.tree_leaves((args, kwargs))
-    return jax.jit(lambda *xs: core.jaxpr_as_fun(plan.jaxpr)(*xs),
-                   **self._jit_kwargs).lower(*flat)
+    return jax.jit(_as_function(plan.jaxpr, plan.out_tree),
+                   **self._jit_kwargs).lower(*args, **kwargs)
 
   def __call__(self, *args, **kwargs):
-    plan = self._entry(args, kwargs)
-    outs = plan.compiled(*jax.tree_util.tree_leaves((args, kwargs)))
-    return jax.tree_util.tree_unflatten(plan.out_tree, outs)
+    return self._entry(args, kwargs).compiled(*args, **kwargs)
 
 
 def jit(fun: Callable, *, memory_limit: Any = _UNSET, algorithm: str = _UNSET,

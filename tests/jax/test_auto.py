@@ -123,11 +123,22 @@ def test_control_flow_and_nested_jit_are_kept_working():
   ws, x = _inputs(6)
   plan = remat.plan(jax.grad(loss), ws, x, memory_limit=0.95, small_node_limit=0)
   want = jax.jit(jax.grad(loss))(ws, x)
-  got = jax.tree_util.tree_unflatten(plan.out_tree,
-                                     plan.compiled(*jax.tree_util.tree_leaves((ws, x))))
+  got = plan.compiled(ws, x)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-9)
   assert not any(e.primitive.name in ("jit", "pjit") for e in plan.jaxpr.jaxpr.eqns)
+
+
+def test_jit_kwargs_keep_their_meaning():
+  ws, x = _inputs(8)
+  step = remat.jit(lambda ws, x: jax.grad(_loss)(ws, x * 1.0), memory_limit=0.8,
+                   small_node_limit=0, donate_argnums=(0,))
+  want = jax.jit(jax.grad(_loss))(ws, x)
+  text = step.lower(ws, x).as_text()
+  assert "jax.buffer_donor" in text or "tf.aliasing_output" in text
+  got = step([jnp.array(w) for w in ws], x)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-9)
 
 
 def test_plan_report():
