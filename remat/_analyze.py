@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import os
-from typing import AbstractSet, Any, Callable, Iterator, Mapping
+from typing import AbstractSet, Any, Callable, Mapping
 
 import jax
 
 from ._jax.to_graph import jaxpr_to_graph
 from .core.dot import to_dot
+from .core.gc_pause import gc_paused
 from .core.graph import Graph
 from .core.memlog import format_bytes, memlog
 from .core.plot import plot_timeline
@@ -117,7 +116,7 @@ def analyze(fun: Callable[..., Any], *args: Any, scheduler: str = "best",
     """
     schedule_fn = get_scheduler(scheduler)
     closed_jaxpr = jax.make_jaxpr(fun)(*args, **kwargs)
-    with _gc_paused():
+    with gc_paused():
         graph = jaxpr_to_graph(closed_jaxpr, merge_repeated=True,
                                upcast_half_precision_matmuls=jax.default_backend() == "cpu")
         if scheduler == "best":
@@ -126,17 +125,3 @@ def analyze(fun: Callable[..., Any], *args: Any, scheduler: str = "best",
             timeline = simulate(graph, schedule_fn(graph), check=False,
                                 reuse_result_buffers=True)
     return MemoryReport(graph, timeline, scheduler)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pauses the cyclic garbage collector: building a graph allocates many small
-    tuples and nothing cyclic, and full collections over a large live jaxpr would
-    otherwise cost a third of the planning time."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()

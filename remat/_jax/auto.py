@@ -28,6 +28,7 @@ from remat._jax.rewrite import rewrite_jaxpr
 from remat._jax.to_graph import jaxpr_to_graph
 from remat.core.algorithms import PlanResult, get_algorithm
 from remat.core.dot import to_dot
+from remat.core.gc_pause import gc_paused
 from remat.core.graph import Graph
 from remat.core.memlog import format_bytes, memlog
 from remat.core.options import RematOptions, parse_bytes
@@ -244,10 +245,12 @@ def _lower_bound(graph: Graph) -> int:
 def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
   closed, _, out_tree = _trace(fun, args, kwargs)
   start = time.perf_counter()     # tracing is not planning: jax.jit traces too
-  flat = inline_calls(closed)
-  graph = _graph_of(flat)
-  schedule = get_scheduler(settings.scheduler)(graph)
-  algorithm = get_algorithm(settings.algorithm)
+  with gc_paused():
+    flat = inline_calls(closed)
+    graph = _graph_of(flat)
+    schedule = get_scheduler(settings.scheduler)(graph)
+    algorithm = get_algorithm(settings.algorithm)
+    predicted_base = simulate(graph, schedule, check=False).peak_bytes
   planning = time.perf_counter() - start
 
   baseline = XlaFootprint.of(_compile(flat, out_tree, args, kwargs, jit_kwargs))
@@ -255,7 +258,6 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
   if isinstance(limit, float):
     limit = int(baseline.argument + baseline.output - baseline.alias +
                 limit * baseline.temp)
-  predicted_base = simulate(graph, schedule, check=False).peak_bytes
   # Plan in our model's units: scale XLA's limit by how our model reads XLA.
   target = int(limit * predicted_base / max(baseline.total, 1))
   best = None
@@ -263,9 +265,10 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     t = time.perf_counter()
     options = RematOptions(target, settings.algorithm, settings.scheduler,
                            settings.small_node_bytes)
-    result = algorithm(graph, schedule, options)
-    rewritten = core.ClosedJaxpr(rewrite_jaxpr(flat.jaxpr, result.rewritten),
-                                 flat.consts)
+    with gc_paused():
+      result = algorithm(graph, schedule, options)
+      rewritten = core.ClosedJaxpr(rewrite_jaxpr(flat.jaxpr, result.rewritten),
+                                   flat.consts)
     planning += time.perf_counter() - t
     compiled = _compile(rewritten, out_tree, args, kwargs, jit_kwargs)
     plan = Plan(limit, baseline, XlaFootprint.of(compiled), result, graph,
