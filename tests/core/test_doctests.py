@@ -8,7 +8,8 @@ import pytest
 MODULES = [
     "remat.core.graph", "remat.core.fusion", "remat.core.simulate", "remat.core.memlog",
     "remat.core.dot", "remat.core.schedulers.postorder", "remat.core.schedulers.dfs",
-    "remat.core.schedulers.list", "remat.core.schedulers.best",
+    "remat.core.schedulers.list", "remat.core.schedulers.best", "remat.core.plan",
+    "remat.core.options", "remat.core.gc_pause", "remat._flags",
 ]
 
 

@@ -1,4 +1,4 @@
-"""The examples in the JAX adapter's and analyze's docstrings run."""
+"""The examples in the JAX adapter's and the public functions' docstrings run."""
 
 import doctest
 import importlib
@@ -6,7 +6,10 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("name", ["remat._jax.to_graph", "remat._analyze"])
+@pytest.mark.parametrize("name", [
+    "remat._jax.to_graph", "remat._analyze", "remat._jax.checkpoint",
+    "remat._jax.residuals", "remat._jax.lowering", "remat._jax.refs",
+    "remat._jax.inline", "remat._jax.auto"])
 def test_docstring_examples(name):
     result = doctest.testmod(importlib.import_module(name),
                              optionflags=doctest.NORMALIZE_WHITESPACE)
