@@ -91,7 +91,7 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
     jaxpr, consts, out_tree = _trace(dyn_fun, in_tree, in_avals, dbg)
     cse = _flat_prevent_cse(prevent_cse, len(consts), dyn_args, kwargs,
                             static_argnums, len(args))
-    params = dict(differentiated=False, policy=policy, lowering=lowering)
+    params = dict(differentiated=False, policy=policy, lowering=lowering, num_late=0)
     if refs.needs_purify(jaxpr, ref_effects):
       outs = _bind_pure(jaxpr, [*consts, *flat_args], cse, params,
                         discharge_inputs=ref_effects == "once")

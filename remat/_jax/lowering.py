@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from remat._jax.compat import core, effects, hlo, ir, mlir
+from remat._jax.compat import core, effects, hlo, ir, mlir, pe
 from remat._jax.primitive import remat_p
 
 STRATEGIES = ("barrier", "cond", "while")
@@ -107,6 +107,80 @@ def _lower_cond(ctx, jaxpr, args):
   return results[len(ordered):]
 
 
+def _gate_value(avals, args) -> ir.Value | None:
+  """A scalar f32 read from the first late input that has elements, or None."""
+  for aval, arg in zip(avals, args):
+    if (isinstance(aval, core.ShapedArray) and aval.size > 0 and
+        np.issubdtype(aval.dtype, np.floating) and not isinstance(arg, (list, tuple))):
+      rank = len(aval.shape)
+      one = hlo.slice(arg, mlir.dense_int_array([0] * rank),
+                      mlir.dense_int_array([1] * rank), mlir.dense_int_array([1] * rank))
+      scalar = hlo.reshape(ir.RankedTensorType.get([], ir.RankedTensorType(
+          one.type).element_type), one)
+      return hlo.convert(ir.RankedTensorType.get([], ir.F32Type.get()), scalar)
+  return None
+
+
+#: Ops XLA:CPU runs with a slow generic kernel inside nested computations (a
+#: conditional's branch): backward convolutions, measured 25-40x slower there.
+_SLOW_NESTED = frozenset({"conv_general_dilated"})
+
+
+def _reads_slow_nested(jaxpr: core.Jaxpr) -> bool:
+  return (any(e.primitive.name in _SLOW_NESTED for e in jaxpr.eqns) or
+          any(_reads_slow_nested(sub) for sub in core.subjaxprs(jaxpr)))
+
+
+def _lower_gated(ctx, jaxpr, args, num_late: int):
+  """``"cond"`` for a region whose last ``num_late`` inputs are cotangents.
+
+  When the part of the body that reads the cotangents (the backward pass) holds
+  ops XLA:CPU runs slowly inside a conditional (convolutions), the region is
+  split: only the part that does not read them (the recomputation) runs in the
+  conditional, and the backward pass runs outside, compiled like any other code.
+  The conditional's predicate, ``u < 2 or g != g`` with ``u`` opaque and ``g``
+  read from a cotangent, is always true, cannot be folded, and depends on the
+  cotangent, so the recomputation cannot run before the cotangent exists; no data
+  can flip it (a NaN makes ``g != g`` true). The split saves less memory than the
+  whole region (the recomputed values all come out of the conditional at once),
+  so it is used only where it avoids the slow kernels.
+  """
+  n_early = len(args) - num_late
+  gate = _gate_value(ctx.avals_in[n_early:], args[n_early:])
+  if gate is None or _ordered_effects(jaxpr):
+    return _lower_cond(ctx, jaxpr, args)
+  known, rest, out_unknowns, _ = pe.partial_eval_jaxpr_nounits(
+      pe.close_jaxpr(jaxpr), [False] * n_early + [True] * num_late, False)
+  if not known.jaxpr.eqns or not _reads_slow_nested(rest.jaxpr):
+    return _lower_cond(ctx, jaxpr, args)
+  pred = hlo.or_(_always_true(), mlir.compare_hlo(gate, gate, "NE"))
+  known_avals = known.out_avals
+  flat_types, treedef = mlir.ir_tree_registry.flatten(
+      [mlir.aval_to_ir_types(ctx.module_context, a) for a in known_avals])
+  if_op = hlo.IfOp(flat_types, pred)
+  with ir.InsertionPoint(if_op.true_branch.blocks.append()):
+    outs = _subcomp(ctx, known, args[:n_early])
+    hlo.return_(mlir.ir_tree_registry.flatten(list(outs))[0])
+  with ir.InsertionPoint(if_op.false_branch.blocks.append()):
+    zeros = [mlir.full_like_aval(ctx, 0, a) for a in known_avals]
+    hlo.return_(mlir.ir_tree_registry.flatten(zeros)[0])
+  known_outs = [o[0] if isinstance(o, tuple) and len(o) == 1 else o
+                for o in treedef.unflatten(list(if_op.results))]
+  num_known = len(known_avals) - (len(rest.in_avals) - num_late)
+  late_outs = iter(_subcomp(ctx, rest, [*known_outs[num_known:], *args[n_early:]]))
+  early_outs = iter(known_outs[:num_known])
+  return [next(late_outs) if uk else next(early_outs) for uk in out_unknowns]
+
+
+def _subcomp(ctx, closed: core.ClosedJaxpr, args):
+  consts = mlir.ir_consts(closed.consts, [v.aval for v in closed.jaxpr.constvars])
+  outs, _ = mlir.jaxpr_subcomp(
+      ctx.module_context, closed.jaxpr, ctx.name_stack.extend("checkpoint"),
+      ctx.tokens_in, consts, *args, dim_var_values=ctx.dim_var_values,
+      const_lowering=ctx.const_lowering, outer_traceback=ctx.traceback)
+  return outs
+
+
 def _lower_while(ctx, jaxpr, args):
   if _ordered_effects(jaxpr):   # keep token threading in one place: the conditional
     return _lower_cond(ctx, jaxpr, args)
@@ -152,7 +226,7 @@ def _zeros_of(like: ir.Value) -> ir.Value:
 
 
 def _lower(ctx, *args, jaxpr: core.Jaxpr, prevent_cse, differentiated, lowering,
-           platform_default: str, **_):
+           platform_default: str, num_late: int = 0, **_):
   protect = ((prevent_cse,) * len(args) if isinstance(prevent_cse, bool)
              else prevent_cse)
   if not differentiated or not any(protect):
@@ -163,7 +237,8 @@ def _lower(ctx, *args, jaxpr: core.Jaxpr, prevent_cse, differentiated, lowering,
   if strategy == "barrier":
     return _lower_barrier(ctx, jaxpr, args, protect)
   if strategy == "cond":
-    return _lower_cond(ctx, jaxpr, args)
+    return (_lower_gated(ctx, jaxpr, args, num_late) if num_late
+            else _lower_cond(ctx, jaxpr, args))
   if strategy == "while":
     return _lower_while(ctx, jaxpr, args)
   raise ValueError(f"unknown remat lowering {strategy!r}; expected one of "

@@ -21,6 +21,9 @@ Parameters every ``remat_p`` equation carries:
   or None for "save nothing but the inputs".
 - ``lowering``: ``None`` (the platform's default), ``"barrier"``, ``"cond"`` or
   ``"while"``.
+- ``num_late``: how many trailing arguments exist only late (the cotangents of a
+  transposed region); the ``"cond"`` lowering runs only the part of the body that
+  does not read them inside the conditional, gated on them. 0 when unknown.
 
 Each rule is registered right after its definition.
 """
@@ -97,7 +100,7 @@ def remat_jvp(primals, tangents, *, jaxpr: core.Jaxpr, prevent_cse, **params):
       *consts, *primals, *nz_tangents,
       jaxpr=pe.convert_constvars_jaxpr(jvp_closed.jaxpr),
       prevent_cse=_cse_extend(prevent_cse, len(consts), len(nz_tangents)),
-      **params)
+      **dict(params, num_late=0))
   out_primals, out_nz_tangents = outs[:len(jaxpr.outvars)], iter(outs[len(jaxpr.outvars):])
   out_tangents = [next(out_nz_tangents) if nz else Zero(p.aval.to_tangent_aval())
                   for p, nz in zip(out_primals, out_nonzeros)]
@@ -187,7 +190,7 @@ def remat_partial_eval(trace, *tracers, jaxpr: core.Jaxpr, prevent_cse, policy,
   if not isinstance(prevent_cse, bool):
     prevent_cse = (True,) * num_res + _cse_select(prevent_cse, used_staged)
   new_params = dict(params, jaxpr=staged, policy=policy, differentiated=True,
-                    prevent_cse=prevent_cse)
+                    prevent_cse=prevent_cse, num_late=0)
   recipe = pe.new_eqn_recipe(trace, in_tracers, out_tracers, remat_p, new_params,
                              core.positional_effects(staged),
                              compat.source_info_util.current())
@@ -227,7 +230,8 @@ def _partial_eval_params_updater(unks_in, inst_in, kept_outs_known, inst_out,
         prevent_cse, [not u for u in unks_in]))
     params_staged = dict(params_staged, prevent_cse=(True,) * num_res +
                          _cse_select(prevent_cse, inst_in))
-  return params_known, dict(params_staged, differentiated=True)
+  return (dict(params_known, num_late=0),
+          dict(params_staged, differentiated=True, num_late=0))
 
 pe.partial_eval_jaxpr_custom_rules[remat_p] = partial(
     pe.call_partial_eval_custom_rule, "jaxpr", _partial_eval_params_updater)
@@ -250,7 +254,7 @@ def remat_transpose(cts, *args, jaxpr: core.Jaxpr, prevent_cse, **params):
       *consts, *nonlinear, *nz_cts, jaxpr=t_jaxpr,
       prevent_cse=_cse_extend(_cse_select(prevent_cse, [not l for l in in_linear]),
                               len(consts), len(nz_cts)),
-      **params))
+      **dict(params, num_late=len(nz_cts))))
   in_cts_linear = iter([Zero(x.aval.to_ct_aval()) if zero else next(nz_in_cts)
                         for x, zero in zip(_select(in_linear, args), in_ct_zeros)])
   return [next(in_cts_linear) if lin else None for lin in in_linear]
@@ -314,8 +318,11 @@ def remat_dce(used_outputs: list[bool], eqn: core.JaxprEqn):
     return [False] * len(eqn.invars), None
   new_body, used_inputs = pe.dce_jaxpr(body, used_outputs)
   new_invars = _select(used_inputs, eqn.invars)
+  num_late = eqn.params["num_late"]
   new_params = dict(eqn.params, jaxpr=new_body,
-                    prevent_cse=_cse_select(eqn.params["prevent_cse"], used_inputs))
+                    prevent_cse=_cse_select(eqn.params["prevent_cse"], used_inputs),
+                    num_late=sum(used_inputs[len(used_inputs) - num_late:])
+                    if num_late else 0)
   new_eqn = pe.new_jaxpr_eqn(
       new_invars, _select(used_outputs, eqn.outvars), remat_p, new_params,
       core.eqn_effects(new_body, new_invars), eqn.source_info, eqn.ctx)

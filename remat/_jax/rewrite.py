@@ -5,8 +5,9 @@ graph, op ``i`` being equation ``i``) and a :class:`remat.core.plan.Rewritten`
 schedule. Ops outside regions are emitted as they were. Each region's block becomes
 one ``remat_p`` equation (``differentiated=True``, so it is lowered as an opaque
 region, a conditional on CPU) whose body runs the copies and then the consumers; it
-takes every value the block reads from outside and returns every value the block
-defines that is read after it.
+takes every value the block reads from outside (those the copies read first, then
+the ones only the consumers read: ``num_late``, the late inputs the lowering may
+gate on) and returns every value the block defines that is read after it.
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ def _region_eqn(block_eqns, copies, read_later: set) -> core.JaxprEqn:
     return rename[v]
 
   copy_of: dict = {}       # original outvar -> its recomputed var inside the body
+  num_early = None         # inputs the copies read (the copies come first)
   for eqn, is_copy in zip(block_eqns, copies):
+    if not is_copy and num_early is None:
+      num_early = len(inputs)
     invars = [copy_of[v] if isinstance(v, core.Var) and v in copy_of else inner(v)
               for v in eqn.invars]
     outvars = [core.Var(v.aval) for v in eqn.outvars]
@@ -83,5 +87,5 @@ def _region_eqn(block_eqns, copies, read_later: set) -> core.JaxprEqn:
   return core.new_jaxpr_eqn(
       list(inputs), list(outputs), remat_p,
       dict(jaxpr=body, prevent_cse=True, differentiated=True, policy=None,
-           lowering=None),
+           lowering=None, num_late=len(inputs) - (num_early or 0)),
       body.effects, block_eqns[-1].source_info)
