@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from ..graph import Graph
 from ..options import RematOptions
 from ..plan import Region, Rewritten, apply_plan
@@ -115,8 +117,8 @@ class Estimate:
 
     def __init__(self, graph: Graph, schedule: Sequence[int], timeline: Timeline):
         self.graph = graph
-        self.live = list(timeline.live_during_bytes)
-        self.after = list(timeline.live_after_bytes)
+        self.live = np.array(timeline.live_during_bytes, dtype=np.int64)
+        self.after = np.array(timeline.live_after_bytes, dtype=np.int64)
         # step -> bytes a region's recomputation holds just before that step, on
         # top of what is live after the previous step
         self.transient: dict[int, int] = {}
@@ -147,10 +149,10 @@ class Estimate:
 
     def peak(self) -> tuple[int, int]:
         """``(bytes, step)`` of the highest step (or recomputation before it)."""
-        step = max(range(len(self.live)), key=self.live.__getitem__, default=-1)
-        best = self.live[step] if step >= 0 else 0
+        step = int(np.argmax(self.live)) if len(self.live) else -1
+        best = int(self.live[step]) if step >= 0 else 0
         for s, extra in self.transient.items():
-            during = (self.after[s - 1] if s > 0 else 0) + extra
+            during = (int(self.after[s - 1]) if s > 0 else 0) + extra
             if during > best:
                 best, step = during, s
         return best, step
@@ -160,9 +162,9 @@ class Estimate:
         after all (``sign=-1``): the value is gone between its last early reader
         and the recomputation, which briefly holds the copy and the chain's other
         results."""
-        for s in range(d.early_end + 1, d.first_late):
-            self.live[s] -= sign * d.nbytes
-            self.after[s] -= sign * d.nbytes
+        gap = slice(d.early_end + 1, max(d.early_end + 1, d.first_late))
+        self.live[gap] -= sign * d.nbytes
+        self.after[gap] -= sign * d.nbytes
         extra = self.transient.get(d.first_late, 0) + sign * (d.nbytes + d.rebuilt_bytes)
         if extra:
             self.transient[d.first_late] = extra
@@ -295,28 +297,64 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
         peak_bytes, peak = est.peak()
         if peak_bytes <= target:
             return
-        candidates = []
-        for v in range(len(graph.values)):
-            if (v in dropped or v in inputs or v in outputs or est.fused[v] or
-                    graph.values[v].nbytes < max(options.small_node_bytes, 1) or
-                    not est.born[v] < peak <= est.dies[v]):
-                continue
-            d = _drop_for(est, v, peak, depth, strategy, inputs)
-            if d is not None and d.early_end < peak < d.first_late:
-                candidates.append(d)
-        candidates.sort(key=lambda d: -d.score)
-        for d in candidates:
-            est.apply(d)      # keep it unless it raises the peak elsewhere
-            if est.peak()[0] <= peak_bytes:
-                est.apply(d, sign=-1)
-                est.add(d)
-                dropped.add(d.value)
-                break
-            est.apply(d, sign=-1)
+        live = [v for v in range(len(graph.values))
+                if v not in dropped and v not in inputs and v not in outputs and
+                not est.fused[v] and est.born[v] < peak <= est.dies[v] and
+                graph.values[v].nbytes >= max(options.small_node_bytes, 1)]
+        shortlist = _best_drops(est, live, peak, depth, strategy, inputs, _SHORTLIST)
+        chosen = _first_kept(est, shortlist, peak_bytes)
+        if chosen is None:    # all rejected: work out every drop and try the rest
+            tried = {d.value for d in shortlist}
+            rest = _best_drops(est, [v for v in live if v not in tried], peak, depth,
+                               strategy, inputs, len(live))
+            chosen = _first_kept(est, rest, peak_bytes)
+        if chosen is not None:
+            est.add(chosen)
+            dropped.add(chosen.value)
         else:
             if not strategy.grow or depth >= options.max_chain_ops:
                 return
             depth = min(2 * depth, options.max_chain_ops)
+
+
+#: Drops worked out in full per step before the rest are (see _best_drops).
+_SHORTLIST = 6
+
+
+def _first_kept(est: Estimate, drops: list[Drop], peak_bytes: int) -> Drop | None:
+    """The first drop that does not raise the peak elsewhere."""
+    for d in drops:
+        est.apply(d)
+        kept = est.peak()[0] <= peak_bytes
+        est.apply(d, sign=-1)
+        if kept:
+            return d
+    return None
+
+
+def _best_drops(est: Estimate, live: list[int], peak: int, depth: int,
+                strategy: Strategy, inputs: set[int], count: int) -> list[Drop]:
+    """The best ``count`` drops of ``live`` values across ``peak``, best first.
+
+    Working out a drop (its chain) is the expensive part, so values are visited
+    in order of a score bound (bytes per cost of the producer alone, which a chain
+    can only make worse) and the visit stops once the bound cannot beat the
+    ``count`` best found.
+    """
+    graph = est.graph
+
+    def bound(v: int) -> float:
+        return graph.values[v].nbytes / (op_cost(graph, graph.values[v].producer) + 1.0)
+
+    found: list[Drop] = []
+    for v in sorted(live, key=bound, reverse=True):
+        if len(found) >= count and bound(v) <= found[count - 1].score:
+            break
+        d = _drop_for(est, v, peak, depth, strategy, inputs)
+        if d is not None and d.early_end < peak < d.first_late:
+            found.append(d)
+            found.sort(key=lambda d: -d.score)
+    return found[:count]
 
 
 def regions_of(drops: Sequence[Drop]) -> list[Region]:
