@@ -13,7 +13,9 @@ CSE may merge it with the identical forward computation. Three strategies stop t
   ``rng_uniform(0, 1) < 2``: always true, but the compiler cannot prove it, and no
   data (NaN, Inf) can flip it. Nothing moves in or out of a branch, and a branch
   cannot start before all its operands (the cotangents) exist. The other branch
-  returns zeros.
+  returns zeros. Where the region's backward holds convolutions, which XLA:CPU
+  runs with a slow generic kernel inside a branch, only the recomputation goes in
+  the conditional, gated on a cotangent (see ``_lower_gated``).
 - ``"while"``: the region is the body of a loop that runs once, its trip count
   hidden behind the same opaque random value.
 
