@@ -187,30 +187,41 @@ def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
             return True
         return dies[w] >= t
 
-    def chain_for(v: int, t: int, depth: int) -> tuple[set[int], set[int]] | None:
+    def chain_for(v: int, t: int, depth: int, extra: list[int], segment: bool
+                  ) -> tuple[set[int], set[int]] | None:
         level: dict[int, int] = {}
-        queue = deque([(values[v].producer, 0)])
+        queue = deque([(values[v].producer, 0)] + [(u, 0) for u in extra])
         roots: set[int] = set()
         while queue:
-            op, lvl = queue.popleft()
-            if op in level and level[op] <= lvl:
-                continue
-            if not recomputable(graph, op):
-                return None
-            level[op] = lvl
-            if len(level) > options.max_chain_ops:
-                return None
-            for w in ops[op].inputs:
-                p = values[w].producer
-                if available(w, t):
-                    if p is not None and lvl + 1 < depth and recomputable(graph, p):
-                        queue.append((p, lvl + 1))
+            while queue:
+                op, lvl = queue.popleft()
+                if op in level and level[op] <= lvl:
+                    continue
+                if not recomputable(graph, op):
+                    return None
+                level[op] = lvl
+                if len(level) > options.max_chain_ops:
+                    return None
+                for w in ops[op].inputs:
+                    p = values[w].producer
+                    if available(w, t):
+                        if p is not None and lvl + 1 < depth and recomputable(graph, p):
+                            queue.append((p, lvl + 1))
+                        else:
+                            roots.add(w)
+                    elif p is None:
+                        return None             # a donated input already gone
                     else:
-                        roots.add(w)
-                elif p is None:
-                    return None             # a donated input already gone
-                else:
-                    queue.appendleft((p, lvl))
+                        queue.appendleft((p, lvl))
+            # A rebuilt value is freed only if no reader holds it past t: a fused
+            # reader scheduled early that runs late (inside a later fusion) is
+            # recomputed too.
+            for op in list(level) if segment else ():
+                for w in ops[op].outputs:
+                    for u in users[w]:
+                        if (u not in level and position[u] < t <= anchor[u]
+                                and recomputable(graph, u)):
+                            queue.append((u, level[op]))
         chain = set(level)
         roots = {w for w in roots if values[w].producer not in chain}
         return chain, roots
@@ -224,49 +235,118 @@ def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
         born = anchor[value.producer]
         times = sorted({anchor[u] for u in users[v]})
         for a, b in zip([born] + times, times):
-            late = [u for u in users[v] if anchor[u] >= b]
+            # Readers from anchor b on read the copy. A fused reader that is
+            # scheduled before b (it runs late, inside its consumer's fusion) is
+            # recomputed too, so that its consumers read it from the copy.
+            late, fused_early = [], []
+            stack, visited = [v], set()
+            while stack:
+                for u in users[stack.pop()]:
+                    if u in visited:
+                        continue
+                    visited.add(u)
+                    if anchor[u] <= a:
+                        continue
+                    if position[u] > a:
+                        late.append(u)
+                    else:
+                        fused_early.append(u)
+                        stack.extend(ops[u].outputs)
+            if not late:
+                continue
             t = min(position[u] for u in late)
             if t <= a + 1:
                 continue                    # nothing would be freed
-            previous = None
-            for depth in range(1, MAX_DEPTH + 1):
-                got = chain_for(v, t, depth)
-                if got is None or got[0] == previous:
-                    break
-                previous = got[0]
-                c = _candidate(graph, v, t, got[0], got[1], position, anchor,
-                               available, resident, inputs, outputs)
-                key = (c.t, c.chain)
-                if c.freed and key not in seen:
-                    seen.add(key)
-                    found.append(c)
+            own = {v}.union(*(ops[u].outputs for u in fused_early))
+            for segment in (True, False):
+                previous = None
+                for depth in range(1, MAX_DEPTH + 1):
+                    got = chain_for(v, t, depth, fused_early, segment)
+                    if got is None or got[0] == previous:
+                        break
+                    previous = got[0]
+                    c = _candidate(graph, v, t, got[0], got[1], position, anchor,
+                                   available, resident, inputs, outputs,
+                                   None if segment else own)
+                    key = (c.t, c.chain, c.freed)
+                    if c.freed and key not in seen:
+                        seen.add(key)
+                        found.append(c)
+    # A value another chain reads at step s can still be freed, from s on: add
+    # those later starts to the candidates that free one value.
+    read_at: dict[int, set[int]] = {}
+    for c in found:
+        for r in c.roots:
+            read_at.setdefault(r, set()).add(c.t)
+    for c in list(found):
+        if len(c.freed) != 1:
+            continue
+        for k, (w, e, nbytes) in enumerate(c.freed):
+            for s in sorted(read_at.get(w, ())):
+                if e < s < c.t - 1:
+                    freed = tuple(sorted(c.freed[:k] + ((w, s, nbytes),) + c.freed[k + 1:]))
+                    key = (c.t, c.chain, freed)
+                    if key not in seen:
+                        seen.add(key)
+                        found.append(dataclasses.replace(c, freed=freed))
     return found
 
 
 def _candidate(graph, v, t, chain, roots, position, anchor, available, resident,
-               inputs, outputs) -> Candidate:
+               inputs, outputs, only) -> Candidate:
+    """The candidate rebuilding ``chain`` at ``t``; with ``only``, just those
+    values are handed to later readers (the rest of the chain is transient)."""
     freed = []
     other = 0
     consumers: set[int] = set()
     for op in chain:
         for w in graph.ops[op].outputs:
             readers = graph.users[w]
-            consumers.update(u for u in readers if position[u] >= t and u not in chain)
+            if only is None or w in only:
+                consumers.update(u for u in readers
+                                 if position[u] >= t and u not in chain)
             if resident[w] == 0:
                 continue
-            if w in outputs or w in inputs or not available(w, t):
+            if (w in outputs or w in inputs or not available(w, t)
+                    or (only is not None and w not in only)):
                 other += resident[w]        # only held while the chain runs
                 continue
-            early = [anchor[u] for u in readers if position[u] < t]
+            # an original reader that is recomputed now feeds nobody: it runs
+            # (and reads w) at its own step
+            early = [position[u] if u in chain else anchor[u]
+                     for u in readers if position[u] < t]
             early_end = max(early + [anchor[graph.values[w].producer]])
             if early_end < t - 1:
                 freed.append((w, early_end, resident[w]))
             else:
                 other += resident[w]
-    transient = other + sum(b for _, _, b in freed)
+    transient = _rebuild_peak(graph, chain, t, position, resident)
     cost = sum(op_cost(graph, o) for o in chain)
     return Candidate(v, t, tuple(sorted(chain)), tuple(sorted(consumers)),
                      tuple(sorted(freed)), tuple(sorted(roots)), transient, cost)
+
+
+def _rebuild_peak(graph: Graph, chain, t: int, position, resident) -> int:
+    """The most bytes the chain's results hold at once while it runs in program
+    order: a result lives until its last reader in the chain, or on to ``t`` if a
+    later op reads it."""
+    order = sorted(chain, key=position.__getitem__)
+    at = {o: i for i, o in enumerate(order)}
+    live = peak = 0
+    ends: dict[int, list[int]] = {}
+    for i, op in enumerate(order):
+        for w in graph.ops[op].outputs:
+            if resident[w] == 0:
+                continue
+            readers = graph.users[w]
+            inside = [at[u] for u in readers if u in at]
+            kept = any(u not in at and position[u] >= t for u in readers)
+            live += resident[w]
+            last = len(order) if kept or not inside else max(inside)
+            ends.setdefault(last, []).append(resident[w])
+        peak = max(peak, live)
+        live -= sum(ends.pop(i, ()))
+    return peak
 
 
 class _Program:
@@ -285,14 +365,19 @@ class _Program:
                 early_end[(i, w)] = e
         # a value is freed by at most one selected candidate
         self.groups = [h for h in holders.values() if len(h) > 1]
-        # a chain reads only values still in memory at its step
-        conflicts = set()
+        # a chain reads only values still in memory at its step: for each value
+        # r read at step t, a switch u[r, t] >= x of every chain reading it then,
+        # and u[r, t] + x of every candidate freeing r before t <= 1
+        readers: dict[tuple[int, int], list[int]] = {}
         for i, c in enumerate(cands):
             for r in c.roots:
-                for j in holders.get(r, ()):
-                    if j != i and early_end[(j, r)] < c.t:
-                        conflicts.add((min(i, j), max(i, j)))
-        self.conflicts = sorted(conflicts)
+                if r in holders:
+                    readers.setdefault((r, c.t), []).append(i)
+        self.conflicts: list[tuple[list[int], list[int]]] = []
+        for (r, t), who in readers.items():
+            freeing = [j for j in holders[r] if early_end[(j, r)] < t and j not in who]
+            if freeing:
+                self.conflicts.append((who, freeing))
         self.cost = np.array([c.cost for c in cands], dtype=float)
         self.cuts: list[list[int]] = []     # selections the machinery rejected
 
@@ -345,7 +430,8 @@ class _Program:
         from scipy.sparse import coo_matrix
 
         k = len(self.cands)
-        nvar = k + (1 if min_peak else 0)
+        extra = k + len(self.conflicts)     # the peak variable, with min_peak
+        nvar = extra + (1 if min_peak else 0)
         r, col, val, ub = [], [], [], []
 
         def row(entries, bound):
@@ -358,28 +444,31 @@ class _Program:
         rows = self.memory_rows(0 if min_peak else target)
         for key, bound in rows.items():
             if min_peak:        # sum(coef x) <= P - base, with base = -bound
-                row(list(key) + [(k, -1.0)], bound)
+                row(list(key) + [(extra, -1.0)], bound)
             elif not key and bound < 0:
                 row([], bound)  # a step no candidate relieves: infeasible
             elif key:
                 row(key, bound)
         for group in self.groups:
             row([(i, 1) for i in group], 1)
-        for i, j in self.conflicts:
-            row([(i, 1), (j, 1)], 1)
+        for n, (who, freeing) in enumerate(self.conflicts):
+            u = k + n
+            for i in who:
+                row([(i, 1), (u, -1)], 0)
+            row([(u, 1)] + [(j, 1) for j in freeing], 1)
         for cut in self.cuts:
             row([(i, 1) for i in cut], len(cut) - 1)
+        c = np.zeros(nvar)
+        lb, hi = np.zeros(nvar), np.ones(nvar)
+        integrality = np.ones(nvar)
+        integrality[k:] = 0                 # switches are integral at an optimum
         if min_peak:
             scale = 1.0 / (float(self.cost.sum()) + 1.0)
-            c = np.concatenate([self.cost * scale * 1e-3, [1.0]])
-            lb = np.zeros(nvar)
-            hi = np.ones(nvar)
-            lb[k], hi[k] = 0.0, np.inf
-            integrality = np.concatenate([np.ones(k), [0]])
+            c[:k] = self.cost * scale * 1e-3
+            c[extra] = 1.0
+            hi[extra] = np.inf
         else:
-            c = self.cost
-            lb, hi = np.zeros(nvar), np.ones(nvar)
-            integrality = np.ones(nvar)
+            c[:k] = self.cost
         constraints = []
         if ub:
             a = coo_matrix((val, (r, col)), shape=(len(ub), nvar)).tocsr()
