@@ -31,10 +31,15 @@ every possible recomputation (Checkmate's space, which also moves ops and nests
 recomputation). The estimate is checked the only way every algorithm is checked:
 the regions are applied (:func:`~remat.core.plan.apply_plan`) and the rewritten
 program simulated (:func:`~remat.core.simulate.simulate`). If the simulation is over
-the limit (blocks that overlap are merged, which the estimate does not see), the
-program is solved again aiming lower by the miss; a plan the machinery cannot
-realize is excluded and the program solved again. The best plan that meets the
-limit is returned, else the one with the least simulated peak.
+the limit (a block waits for ops the estimate placed after it, overlapping blocks
+are merged), the miss is charged to the rebuilds whose blocks were over the limit
+(to every candidate with the same chain and readers) and the program is solved
+again; if the peak is outside those blocks, it is solved aiming lower by the
+miss. A plan the machinery cannot realize is excluded and the program solved
+again. The best plan that meets the limit is returned, else the one with the
+least simulated peak. So the cost is optimal for the estimate *as corrected by
+the simulations seen*; ``status``, ``gap`` and ``bound`` are those of the last
+solve.
 
 When the time limit (``options.solver_seconds``) stops the solver, the best plan
 found so far is returned with its proven relative gap (``OptimalResult.gap``). A
@@ -71,7 +76,7 @@ import numpy as np
 
 from ..graph import Graph
 from ..options import RematOptions
-from ..plan import PlanError, Region
+from ..plan import PlanError, Region, convex_hull
 from ..simulate import Timeline, simulate
 from .greedy import PlanResult, evaluate, op_cost
 from .recomputable import recomputable
@@ -83,7 +88,7 @@ log = logging.getLogger("remat")
 #: The deepest chain tried for one drop (in live values passed through).
 MAX_DEPTH = 24
 #: Times the program is solved again after the simulation disagrees.
-_ROUNDS = 6
+_ROUNDS = 12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +129,10 @@ class Candidate:
       freed: ``(w, early_end, nbytes)`` for each value of ``V``: it is out of
         memory after step ``early_end`` until ``t``.
       roots: the values the chain reads that it does not rebuild.
-      transient: bytes the chain holds just before ``t`` on top of what is live
+      transient: bytes the chain holds while it runs, on top of what is live
         then (the rebuilt ``V`` and the chain's other results).
+      ready: the step after which the rebuild really runs: its block waits for
+        every op outside it whose results the block reads (at least ``t - 1``).
       cost: recompute cost of the chain.
     """
 
@@ -137,6 +144,7 @@ class Candidate:
     roots: tuple[int, ...]
     transient: int
     cost: float
+    ready: int = -1
 
 
 def _anchors(graph: Graph, schedule: Sequence[int], fused: list[bool]) -> list[int]:
@@ -321,9 +329,17 @@ def _candidate(graph, v, t, chain, roots, position, anchor, available, resident,
             else:
                 other += resident[w]
     transient = _rebuild_peak(graph, chain, t, position, resident)
+    block = convex_hull(graph, consumers)
+    ready = t - 1
+    for op in block:
+        for w in graph.ops[op].inputs:
+            p = graph.values[w].producer
+            if p is not None and p not in block and p not in chain:
+                ready = max(ready, position[p])
     cost = sum(op_cost(graph, o) for o in chain)
     return Candidate(v, t, tuple(sorted(chain)), tuple(sorted(consumers)),
-                     tuple(sorted(freed)), tuple(sorted(roots)), transient, cost)
+                     tuple(sorted(freed)), tuple(sorted(roots)), transient, cost,
+                     ready)
 
 
 def _rebuild_peak(graph: Graph, chain, t: int, position, resident) -> int:
@@ -380,6 +396,18 @@ class _Program:
                 self.conflicts.append((who, freeing))
         self.cost = np.array([c.cost for c in cands], dtype=float)
         self.cuts: list[list[int]] = []     # selections the machinery rejected
+        # bytes the simulation saw a candidate's block hold beyond the estimate
+        self.penalty = [0] * len(cands)
+        self.same_block: dict[tuple, list[int]] = {}
+        for i, c in enumerate(cands):
+            self.same_block.setdefault((c.chain, c.consumers), []).append(i)
+
+    def charge(self, i: int, nbytes: int) -> None:
+        """Adds ``nbytes`` to what candidate ``i``'s rebuild holds, and to every
+        candidate with the same chain and readers (the same block)."""
+        key = (self.cands[i].chain, self.cands[i].consumers)
+        for j in self.same_block.get(key, [i]):
+            self.penalty[j] += nbytes
 
     def memory_rows(self, target: int) -> dict[tuple, float]:
         """Rows ``sum(coef * x) <= ub`` for the steps that can exceed ``target``,
@@ -403,19 +431,22 @@ class _Program:
                     row[i] = row.get(i, 0) - nbytes
         for s in over:
             add(during_rows[s], target - self.during[s])
-        # just before each rebuild: live after the previous step, less what the
-        # selection freed then, plus the rebuilt values
-        by_t: dict[int, list[int]] = {}
+        # while each rebuild runs: live after the step it waits for, less what
+        # the selection freed then (its own dropped values included), plus what
+        # the rebuild holds
+        by_ready: dict[int, list[int]] = {}
         for i, c in enumerate(self.cands):
-            by_t.setdefault(c.t, []).append(i)
-        for t, here in by_t.items():
-            base = self.after[t - 1] if t > 0 else self.start
-            if base + sum(self.cands[i].transient for i in here) <= target:
+            by_ready.setdefault(c.ready, []).append(i)
+        for ready, here in by_ready.items():
+            base = self.after[ready] if ready >= 0 else self.start
+            if base + sum(self.cands[i].transient + self.penalty[i]
+                          for i in here) <= target:
                 continue
-            row = {i: self.cands[i].transient for i in here}
+            row = {i: self.cands[i].transient + self.penalty[i] for i in here}
+            mine = set(here)
             for i, c in enumerate(self.cands):
                 for _, e, nbytes in c.freed:
-                    if e <= t - 1 < c.t:
+                    if e <= ready < c.t or (i in mine and e <= ready):
                         row[i] = row.get(i, 0) - nbytes
             add(row, target - base)
         return rows
@@ -534,6 +565,9 @@ def plan_optimal(graph: Graph, schedule: Sequence[int],
             program.cuts.append(chosen)
             continue
         got = result(regions, rw, tl, status=status, gap=gap, bound=bound)
+        say("remat optimal: %d candidates chosen, cost %.4g, simulated peak %d bytes "
+            "(limit %d)", len(chosen), float(program.cost[chosen].sum()),
+            tl.peak_bytes, limit)
         if (best is None or (got.met and not best.met)
                 or (got.met == best.met and (
                     got.extra_flops < best.extra_flops if got.met
@@ -541,7 +575,24 @@ def plan_optimal(graph: Graph, schedule: Sequence[int],
             best = got
         if got.met:
             break
-        target -= tl.peak_bytes - limit     # the estimate was optimistic: aim lower
+        # The simulation saw more than the estimate. Where a rebuild's block is
+        # over the limit, charge the miss to the candidates in it (their block
+        # holds more than the estimate knew); elsewhere, aim lower by the miss.
+        block_of = {}
+        for k, region in enumerate(rw.regions):
+            for op in region.consumers:
+                block_of[op] = k
+        in_charged_block = False
+        for i in chosen:
+            k = block_of.get(cands[i].consumers[0]) if cands[i].consumers else None
+            if k is None:
+                continue
+            miss = max(tl.live_during_bytes[s] for s in rw.blocks[k]) - limit
+            if miss > 0:
+                program.charge(i, miss)
+                in_charged_block |= tl.peak_step in rw.blocks[k]
+        if not in_charged_block:
+            target -= tl.peak_bytes - limit
     if best is None:
         # nothing meets the limit: the least estimated peak instead
         res, _ = program.solve(limit, max(deadline - time.perf_counter(), 1.0),
