@@ -235,6 +235,7 @@ def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
         return chain, roots
 
     found: list[Candidate] = []
+    shallow: set[int] = set()       # the depth-1 candidates
     seen: set[tuple] = set()
     for v, value in enumerate(values):
         if (value.producer is None or v in outputs or fused[v] or resident[v] < small
@@ -279,14 +280,16 @@ def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
                     key = (c.t, c.chain, c.freed)
                     if c.freed and key not in seen:
                         seen.add(key)
+                        if depth == 1:
+                            shallow.add(len(found))
                         found.append(c)
     # A value another chain reads at step s can still be freed, from s on: add
-    # those later starts to the candidates that free one value.
+    # those later starts to the depth-1 candidates that free one value.
     read_at: dict[int, set[int]] = {}
     for c in found:
         for r in c.roots:
             read_at.setdefault(r, set()).add(c.t)
-    for c in list(found):
+    for c in [found[i] for i in sorted(shallow)]:
         if len(c.freed) != 1:
             continue
         for k, (w, e, nbytes) in enumerate(c.freed):
