@@ -34,3 +34,16 @@ def test_pareto_rows_table_and_plot(tmp_path):
   assert table.count("\n") == 2 + len(p.rows) and "refused" in table
   p.plot(tmp_path / "pareto.png")
   assert (tmp_path / "pareto.png").stat().st_size > 0
+
+
+def test_optimal_from_remat_flags(monkeypatch):
+  monkeypatch.setenv("REMAT_FLAGS", "--algorithm=optimal --solver_seconds=20")
+  keys = jax.random.split(jax.random.key(1), 7)
+  ws = [jax.random.normal(k, (128, 128)) / 12 for k in keys[:-1]]
+  x = jax.random.normal(keys[-1], (1024, 128))
+  plan = remat.plan(jax.grad(_loss), ws, x, memory_limit=0.7, small_node_limit=0)
+  assert plan.met and plan.result.status == "optimal" and plan.result.regions
+  got = plan.compiled(*jax.tree_util.tree_leaves((ws, x)))
+  want = jax.grad(_loss)(ws, x)
+  for a, b in zip(got, want):
+    assert jnp.allclose(a, b, rtol=1e-4, atol=1e-6)
