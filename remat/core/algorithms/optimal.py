@@ -176,7 +176,6 @@ def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
     ...     g, order, simulate(g, order), RematOptions(0, "optimal", small_node_bytes=0))]
     [(1, 3, (0,))]
     """
-    n = len(schedule)
     values, ops, users = graph.values, graph.ops, graph.users
     fused = timeline.fused
     anchor = _anchors(graph, schedule, fused)
