@@ -38,7 +38,7 @@ def test_pareto_rows_table_and_plot(tmp_path):
 
 def test_optimal_from_remat_flags(monkeypatch):
   monkeypatch.setenv("REMAT_FLAGS", "--algorithm=optimal --solver_seconds=20")
-  keys = jax.random.split(jax.random.key(1), 7)
+  keys = jax.random.split(jax.random.key(1), 13)
   ws = [jax.random.normal(k, (128, 128)) / 12 for k in keys[:-1]]
   x = jax.random.normal(keys[-1], (1024, 128))
   plan = remat.plan(jax.grad(_loss), ws, x, memory_limit=0.7, small_node_limit=0)
