@@ -17,8 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from remat._jax.auto import MemoryLimitError, XlaFootprint, _compile, _trace, plan
-from remat._jax.inline import inline_calls
+from remat._jax.auto import MemoryLimitError, XlaFootprint, jit
 
 _MIB = 2 ** 20
 
@@ -101,12 +100,12 @@ def pareto(fun: Callable, *args: Any, limits: Sequence[Any] = (0.75, 0.5, 0.3),
   """Plans ``fun(*args)`` with each algorithm at each limit and measures it.
 
   Arguments:
-    fun, args: the program and its arguments (as for :func:`remat.plan`).
+    fun, args: the program and its (positional) arguments.
     limits: memory limits as :func:`remat.jit` takes them (fractions of the
       plain program's temporaries, bytes, or sizes such as ``"64MiB"``).
     algorithms: algorithm names.
     rounds: timed steps per variant (median reported).
-    **kwargs: passed to :func:`remat.plan` (e.g. ``small_node_limit``).
+    **kwargs: passed to :func:`remat.jit` (e.g. ``small_node_limit``).
 
   Returns:
     a :class:`Pareto`; its first row is the plain program (``"none"``).
@@ -123,16 +122,16 @@ def pareto(fun: Callable, *args: Any, limits: Sequence[Any] = (0.75, 0.5, 0.3),
   >>> [r.algorithm for r in p.rows]
   ['none', 'path']
   """
-  closed, flat_args, _ = _trace(fun, args, {})
-  plain = _compile(inline_calls(closed), flat_args, {})
+  plain = jax.jit(fun).lower(*args).compile()
   plain_flops = float(plain.cost_analysis()["flops"])
   plain_fp = XlaFootprint.of(plain).total
   variants: list[tuple[ParetoRow, Any]] = [
       (ParetoRow("none", None, 0, plain_fp, plain_flops, None, 0.0), plain)]
   for algorithm in algorithms:
     for limit in limits:
+      step = jit(fun, memory_limit=limit, algorithm=algorithm, **kwargs)
       try:
-        p = plan(fun, *args, memory_limit=limit, algorithm=algorithm, **kwargs)
+        p = step.plan_for(*args)
       except MemoryLimitError as e:
         variants.append((ParetoRow(algorithm, limit, 0, None, None, None,
                                    error=str(e)), None))
@@ -140,14 +139,14 @@ def pareto(fun: Callable, *args: Any, limits: Sequence[Any] = (0.75, 0.5, 0.3),
       flops = float(p.compiled.cost_analysis()["flops"])
       variants.append((ParetoRow(algorithm, limit, p.limit_bytes, p.planned.total,
                                  flops, None, flops - plain_flops, p.plan_seconds),
-                       p.compiled))
+                       step))
   times: list[list[float]] = [[] for _ in variants]
   for _ in range(rounds):
-    for k, (_, compiled) in enumerate(variants):
-      if compiled is None:
+    for k, (_, run) in enumerate(variants):
+      if run is None:
         continue
       start = time.perf_counter()
-      jax.block_until_ready(compiled(*flat_args))
+      jax.block_until_ready(run(*args))
       times[k].append(time.perf_counter() - start)
   rows = [dataclasses.replace(row, step_seconds=float(np.median(t)) if t else None)
           for (row, _), t in zip(variants, times)]

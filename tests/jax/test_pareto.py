@@ -41,9 +41,10 @@ def test_optimal_from_remat_flags(monkeypatch):
   keys = jax.random.split(jax.random.key(1), 13)
   ws = [jax.random.normal(k, (128, 128)) / 12 for k in keys[:-1]]
   x = jax.random.normal(keys[-1], (1024, 128))
-  plan = remat.plan(jax.grad(_loss), ws, x, memory_limit=0.7, small_node_limit=0)
+  step = remat.jit(jax.grad(_loss), memory_limit=0.7, small_node_limit=0)
+  plan = step.plan_for(ws, x)
   assert plan.met and plan.result.status == "optimal" and plan.result.regions
-  got = plan.compiled(*jax.tree_util.tree_leaves((ws, x)))
+  got = step(ws, x)
   want = jax.grad(_loss)(ws, x)
   for a, b in zip(got, want):
     assert jnp.allclose(a, b, rtol=1e-4, atol=1e-6)
