@@ -22,8 +22,11 @@ chain's other results are held for a moment on top. Its cost is the chain's
 is in ``V`` of at most one selected candidate; a chain may read only values that
 are still in memory at its ``t`` (not freed by another selected candidate before
 then); the estimated bytes during each step and just before each rebuild are
-within the limit. Steps whose bytes no selection can change are left out, and a
-step whose row another row dominates is dropped.
+within the limit. Only steps over the limit get a row, and steps with the same
+coefficients share one row (the tightest). The graph is not coarsened: values
+under ``small_node_bytes`` and fused values are never candidates, which is what
+keeps the program small (a 24-layer chain gradient, 219 ops: ~1,900 candidates,
+solved in seconds).
 
 So the result is optimal over *one-level regions built from these candidates,
 under the linear memory estimate*, on the given schedule; it is not optimal over
@@ -413,7 +416,8 @@ class _Program:
 
     def memory_rows(self, target: int) -> dict[tuple, float]:
         """Rows ``sum(coef * x) <= ub`` for the steps that can exceed ``target``,
-        as ``{((i, coef), ...): ub}`` (a dominated duplicate keeps the tightest)."""
+        as ``{((i, coef), ...): ub}`` (rows with the same coefficients keep the
+        tightest bound)."""
         rows: dict[tuple, float] = {}
 
         def add(row: dict[int, int], ub: float) -> None:
