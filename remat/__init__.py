@@ -10,6 +10,7 @@ from remat._jax.auto import MemoryLimitError as MemoryLimitError
 from remat._jax.auto import Plan as Plan
 from remat._jax.auto import jit as jit
 from remat._jax.auto import plan as plan
+from remat._jax.pareto import pareto as pareto
 from remat._jax.checkpoint import checkpoint as checkpoint
 from remat._jax.checkpoint import checkpoint_name as checkpoint_name
 from remat._jax.checkpoint import remat as remat

@@ -8,7 +8,8 @@ Read when ``remat.jit``/``remat.plan`` get no explicit setting, as XLA reads
 Flags: ``--memory_limit=`` (bytes, a size such as ``512MiB``, or a fraction in
 (0, 1]), ``--algorithm=``, ``--scheduler=``, ``--small_node_limit=`` (a size),
 ``--dump_to=DIR``, ``--dump_dot`` (DOT before and after), ``--dump_memlog``
-(the memory log with the decisions). An unknown flag is an error.
+(the memory log with the decisions), ``--solver_seconds=`` (the time limit of
+``--algorithm=optimal``). An unknown flag is an error.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import shlex
 __all__ = ["parse_flags", "flags_from_env", "ENV_VAR"]
 
 ENV_VAR = "REMAT_FLAGS"
-_VALUED = {"memory_limit", "algorithm", "scheduler", "small_node_limit", "dump_to"}
+_VALUED = {"memory_limit", "algorithm", "scheduler", "small_node_limit", "dump_to",
+           "solver_seconds"}
 _SWITCHES = {"dump_dot", "dump_memlog"}
 
 

@@ -148,6 +148,7 @@ class _Settings:
   dump_to: str | None
   dump_dot: bool
   dump_memlog: bool
+  solver_seconds: float = 60.0    # "optimal"'s time limit (REMAT_FLAGS only)
 
 
 _UNSET: Any = object()
@@ -174,7 +175,8 @@ def _settings(memory_limit, algorithm, scheduler, small_node_limit, dump_to
       pick(scheduler, "scheduler", "best"),
       parse_bytes(pick(small_node_limit, "small_node_limit", 1 << 20)),
       dump_to, not chosen or "dump_dot" in chosen,
-      not chosen or "dump_memlog" in chosen)
+      not chosen or "dump_memlog" in chosen,
+      float(env.get("solver_seconds", 60.0)))
 
 
 def _parse_limit(limit) -> int | float:
@@ -264,7 +266,8 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
   for attempt in range(_RETRIES):
     t = time.perf_counter()
     options = RematOptions(target, settings.algorithm, settings.scheduler,
-                           settings.small_node_bytes)
+                           settings.small_node_bytes,
+                           solver_seconds=settings.solver_seconds)
     with gc_paused():
       result = algorithm(graph, schedule, options)
       rewritten = core.ClosedJaxpr(rewrite_jaxpr(flat.jaxpr, result.rewritten),
@@ -373,8 +376,10 @@ def jit(fun: Callable, *, memory_limit: Any = _UNSET, algorithm: str = _UNSET,
       aliased bytes, as ``compile().memory_analysis()`` reports): an int (bytes),
       a string (``"512MiB"``, ``"2GiB"``), or a float in (0, 1]: the program's own
       arguments and outputs plus that fraction of its temporaries without remat.
-    algorithm: ``"path"`` (default), ``"standard"``, ``"compress"`` or
-      ``"standardcompress"``.
+    algorithm: ``"path"`` (default), ``"standard"``, ``"compress"``,
+      ``"standardcompress"`` or ``"optimal"`` (the least recompute by integer
+      programming, for programs of a few hundred ops; its time limit is
+      ``REMAT_FLAGS=--solver_seconds=``, default 60).
     scheduler: ``"best"`` (default), ``"list"``, ``"dfs"`` or ``"postorder"``.
     small_node_limit: values smaller than this (bytes or a size string; default
       1 MiB) are never recomputed.

@@ -12,7 +12,7 @@ import re
 __all__ = ["RematOptions", "ALGORITHMS", "parse_bytes", "DEFAULT_SMALL_NODE_BYTES"]
 
 #: The automatic rematerialization algorithms, by name.
-ALGORITHMS = ("standard", "path", "compress", "standardcompress")
+ALGORITHMS = ("standard", "path", "compress", "standardcompress", "optimal")
 
 #: Values smaller than this are never rematerialized, as in the seed's pass.
 DEFAULT_SMALL_NODE_BYTES = 1 << 20
@@ -32,6 +32,9 @@ class RematOptions:
       max_chain_ops: the most ops one recomputation may chain back through (the
         greedy algorithms start at 1 and grow it when stuck, as XLA's pass grows
         its block size).
+      solver_seconds: the time limit of ``"optimal"``'s integer program; when it
+        stops the solver, the best plan found is returned with its proven gap.
+      verbose: ``"optimal"`` logs each phase and shows the solver's own log.
     """
 
     memory_limit_bytes: int
@@ -39,11 +42,15 @@ class RematOptions:
     scheduler: str = "best"
     small_node_bytes: int = DEFAULT_SMALL_NODE_BYTES
     max_chain_ops: int = 64
+    solver_seconds: float = 60.0
+    verbose: bool = False
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of "
                              f"{ALGORITHMS}.")
+        if self.solver_seconds <= 0:
+            raise ValueError(f"solver_seconds must be > 0, got {self.solver_seconds}.")
         if self.memory_limit_bytes < 0 or self.small_node_bytes < 0:
             raise ValueError("memory_limit_bytes and small_node_bytes must be >= 0.")
 

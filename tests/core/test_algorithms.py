@@ -77,7 +77,8 @@ def test_compress_only_rebuilds_expansions():
 def test_options_validate():
     with pytest.raises(ValueError, match="unknown algorithm"):
         RematOptions(100, "magic")
-    assert set(ALGORITHMS) == {"standard", "path", "compress", "standardcompress"}
+    assert set(ALGORITHMS) == {"standard", "path", "compress", "standardcompress",
+                               "optimal"}
     assert parse_bytes("2GiB") == 2 << 30
     with pytest.raises(ValueError, match="cannot read"):
         parse_bytes("lots")

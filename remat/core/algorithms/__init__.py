@@ -9,11 +9,12 @@ from ..graph import Graph
 from ..options import RematOptions
 from .compress import plan_compress
 from .greedy import PlanResult
+from .optimal import OptimalResult, plan_optimal
 from .path import plan_path
 from .standard import plan_standard
 from .standardcompress import plan_standardcompress
 
-__all__ = ["ALGORITHMS", "get_algorithm", "PlanResult"]
+__all__ = ["ALGORITHMS", "get_algorithm", "PlanResult", "OptimalResult"]
 
 Algorithm = Callable[[Graph, Sequence[int], RematOptions], PlanResult]
 
@@ -22,6 +23,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "path": plan_path,
     "compress": plan_compress,
     "standardcompress": plan_standardcompress,
+    "optimal": plan_optimal,
 }
 
 

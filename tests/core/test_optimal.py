@@ -1,0 +1,89 @@
+"""``"optimal"``: the integer-programming yardstick, on synthetic graphs (no JAX)."""
+
+import pytest
+
+from remat.core.algorithms import ALGORITHMS, OptimalResult, get_algorithm
+from remat.core.algorithms.optimal import candidates
+from remat.core.options import RematOptions
+from remat.core.simulate import check_schedule, simulate
+
+from .random_graphs import random_dag, training_chain
+
+
+def _limit(graph, fraction):
+    base = simulate(graph, tuple(range(graph.num_ops)))
+    fixed = base.input_bytes + base.output_bytes
+    return fixed + int(fraction * (base.peak_bytes - fixed))
+
+
+def _plan(name, graph, limit, **kw):
+    order = tuple(range(graph.num_ops))
+    return get_algorithm(name)(graph, order, RematOptions(limit, name, small_node_bytes=0,
+                                                          **kw))
+
+
+def test_registered():
+    assert ALGORITHMS["optimal"] is get_algorithm("optimal")
+    RematOptions(1, "optimal", solver_seconds=5)
+    with pytest.raises(ValueError, match="solver_seconds"):
+        RematOptions(1, "optimal", solver_seconds=0)
+
+
+@pytest.mark.parametrize("layers,fraction", [(8, 0.75), (16, 0.75), (16, 0.5)])
+def test_meets_reachable_limits_at_no_more_cost_than_heuristics(layers, fraction):
+    g = training_chain(layers)
+    limit = _limit(g, fraction)
+    opt = _plan("optimal", g, limit)
+    assert isinstance(opt, OptimalResult)
+    assert opt.met and opt.status == "optimal" and opt.gap is not None
+    check_schedule(opt.rewritten.graph, opt.rewritten.schedule)
+    # the timeline is the one simulator's, of the rewritten program
+    again = simulate(opt.rewritten.graph, opt.rewritten.schedule)
+    assert again.peak_bytes == opt.timeline.peak_bytes <= limit
+    for name in ("path", "standard"):
+        heuristic = _plan(name, g, limit)
+        if heuristic.met:
+            assert opt.extra_flops <= heuristic.extra_flops, name
+
+
+def test_loose_limit_needs_nothing():
+    g = training_chain(6)
+    r = _plan("optimal", g, _limit(g, 1.0))
+    assert r.met and not r.regions and r.extra_flops == 0 and r.status == "optimal"
+
+
+def test_unreachable_limit_is_reported():
+    g = training_chain(6)
+    r = _plan("optimal", g, 1)
+    assert not r.met and r.status == "infeasible"
+    # it still returns the least peak it can reach, realized and simulated
+    assert r.timeline.peak_bytes < r.baseline.peak_bytes
+
+
+def test_time_limit_reports_gap_or_no_plan():
+    g = training_chain(24)
+    r = _plan("optimal", g, _limit(g, 0.5), solver_seconds=0.01)
+    assert r.status in ("time_limit", "optimal", "infeasible")
+    if r.status == "time_limit" and r.gap is not None:
+        assert r.gap >= 0.0
+    assert r.solve_seconds < 30
+
+
+def test_candidates_respect_small_nodes():
+    g = training_chain(6, act_bytes=1000)
+    order = tuple(range(g.num_ops))
+    tl = simulate(g, order)
+    assert not candidates(g, order, tl, RematOptions(0, "optimal", small_node_bytes=2000))
+    assert candidates(g, order, tl, RematOptions(0, "optimal", small_node_bytes=0))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_graphs_never_exceed_when_met(seed):
+    g = random_dag(seed, num_ops=25)
+    order = tuple(range(g.num_ops))
+    base = simulate(g, order)
+    r = get_algorithm("optimal")(g, order, RematOptions(
+        int(base.peak_bytes * 0.8), "optimal", small_node_bytes=0, solver_seconds=5))
+    check_schedule(r.rewritten.graph, r.rewritten.schedule)
+    assert r.met == (r.timeline.peak_bytes <= r.limit_bytes)
+    assert r.timeline.peak_bytes <= base.peak_bytes or r.status == "infeasible"
