@@ -115,8 +115,12 @@ def evaluate(graph: Graph, schedule: Sequence[int],
 class Estimate:
     """Bytes live per step of a schedule, updated as values are dropped."""
 
-    def __init__(self, graph: Graph, schedule: Sequence[int], timeline: Timeline):
+    def __init__(self, graph: Graph, schedule: Sequence[int], timeline: Timeline,
+                 merge_segments: bool = False):
         self.graph = graph
+        # Whether a drop that one earlier region needs joins that region (one
+        # recomputation for both, kept as a segment) instead of getting its own.
+        self.merge_segments = merge_segments
         self.live = np.array(timeline.live_during_bytes, dtype=np.int64)
         self.after = np.array(timeline.live_after_bytes, dtype=np.int64)
         # step -> bytes a region's recomputation holds just before that step, on
@@ -139,6 +143,7 @@ class Estimate:
         # value -> indices of drops whose chain reads it from outside the chain
         self.readers: dict[int, list[int]] = {}
         self.extended: set[int] = set()   # indices of drops whose chains grew
+        self.absorbed: set[int] = set()   # drops served by another drop's region
         self.anchor = list(self.position)
         for step in range(n - 1, -1, -1):
             op = schedule[step]
@@ -172,18 +177,38 @@ class Estimate:
             self.transient.pop(d.first_late, None)
 
     def add(self, d: Drop) -> None:
-        """Records the drop ``d``; the drops it extends now recompute its chain."""
+        """Records the drop ``d``. The drops it extends now recompute its chain
+        too; when it extends exactly one, that drop's region also serves ``d``'s
+        own readers (one recomputation kept for both, as a segment)."""
         self.apply(d)
         self.dies[d.value] = d.early_end
         self.drops.append(d)
-        self._read(len(self.drops) - 1)
+        index = len(self.drops) - 1
         self.extended.update(d.extends)
+        if self.merge_segments and len(d.extends) == 1:
+            (k,) = d.extends
+            old = self.drops[k]
+            self.drops[k] = dataclasses.replace(
+                old, chain=tuple(sorted(set(old.chain) | set(d.chain))),
+                consumers=tuple(sorted(set(old.consumers) | set(d.consumers))),
+                cost=old.cost + d.cost)
+            self.absorbed.add(index)
+            self._read(k)
+            return
+        self._read(index)
         for k in d.extends:
             old = self.drops[k]
             self.drops[k] = dataclasses.replace(
                 old, chain=tuple(sorted(set(old.chain) | set(d.chain))),
-                cost=old.cost + d.cost)
+                cost=old.cost + d.cost / (1 + len(d.extends)))
             self._read(k)
+
+    def regions(self, drops: Sequence[Drop] | None = None) -> list[Region]:
+        """The regions of the recorded drops (or of ``drops``, a subset of them),
+        leaving out those served by another drop's region."""
+        kept = self.drops if drops is None else drops
+        return [Region(d.chain, d.consumers) for k, d in enumerate(self.drops)
+                if k not in self.absorbed and any(d is e for e in kept)]
 
     def _read(self, k: int) -> None:
         graph, chain = self.graph, set(self.drops[k].chain)
@@ -230,7 +255,10 @@ def _drop_for(est: Estimate, v: int, peak: int, depth: int, strategy: Strategy,
     if chain is None:
         return None
     rebuilt = _rebuild_peak(est, chain, v)
-    cost = sum(op_cost(graph, o) for o in chain) * (1 + len(extends))
+    # One recomputation when it joins a single earlier region; otherwise each
+    # region it extends recomputes the chain again.
+    joins = est.merge_segments and len(extends) == 1
+    cost = sum(op_cost(graph, o) for o in chain) * (1 if joins else 1 + len(extends))
     return Drop(v, chain, tuple(sorted(late)), early_end, first_late,
                 graph.values[v].nbytes, rebuilt, cost, tuple(extends))
 
@@ -357,10 +385,6 @@ def _best_drops(est: Estimate, live: list[int], peak: int, depth: int,
     return found[:count]
 
 
-def regions_of(drops: Sequence[Drop]) -> list[Region]:
-    return [Region(d.chain, d.consumers) for d in drops]
-
-
 def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
                phases: Sequence[Strategy],
                keep: Callable[[Estimate, int], list[Drop]] | None = None,
@@ -369,20 +393,35 @@ def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
 
     ``phases`` run one after the other on the same estimate (e.g. compress, then
     standard). ``keep``, if given, prunes the drops chosen for a target (``path``'s
-    de-rematerialization) before they are applied.
+    de-rematerialization) before they are applied. It plans twice, with and
+    without merging drops into the regions that need them (segments: less
+    recomputation, more memory held), and returns the cheaper plan that meets the
+    limit, or else the one with the lower peak.
     """
-    limit = options.memory_limit_bytes
     baseline = simulate(graph, schedule)
+    results = [_run(graph, schedule, options, phases, keep, baseline, merge)
+               for merge in (False, True)]
+    met = [r for r in results if r.met]
+    if met:
+        return min(met, key=lambda r: r.extra_flops)
+    return min(results, key=lambda r: r.timeline.peak_bytes)
+
+
+def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,
+         phases: Sequence[Strategy], keep, baseline: Timeline,
+         merge_segments: bool) -> PlanResult:
+    """One planning run: sweep with the estimate, simulate, re-aim if short."""
+    limit = options.memory_limit_bytes
     best: PlanResult | None = None
     target = limit
     for _ in range(_REAIM):
-        est = Estimate(graph, schedule, baseline)
+        est = Estimate(graph, schedule, baseline, merge_segments)
         for strategy in phases:
             sweep(est, target, options, strategy)
         drops = est.drops
         if keep is not None:
             drops = keep(est, target)
-        rw, tl = evaluate(graph, schedule, regions_of(drops))
+        rw, tl = evaluate(graph, schedule, est.regions(drops))
         result = PlanResult(tuple(rw.regions), rw, tl, baseline, limit)
         if best is None or tl.peak_bytes < best.timeline.peak_bytes:
             best = result
