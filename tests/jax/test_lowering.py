@@ -3,39 +3,28 @@
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import remat
+from bench import models
 from remat._jax.lowering import default_strategy
 
 LAYERS, SEGMENT, BATCH, WIDTH = 12, 3, 512, 256
 
 
-def _chain(wrap):
-  def segment(ws, h):
-    for w in ws:
-      h = jnp.tanh(h @ w)
-    return h
-  seg = wrap(segment)
-
-  def loss(ws, x):
-    h = x
-    for s in range(0, LAYERS, SEGMENT):
-      h = seg(ws[s:s + SEGMENT], h)
-    return jnp.mean(h ** 2)
-  return loss
+def _chain(wrap, seed=0):
+  return models.mlp_chain(layers=LAYERS, batch=BATCH, width=WIDTH, segment=SEGMENT,
+                          wrap=wrap, seed=seed)
 
 
 def _inputs(seed):
-  keys = jax.random.split(jax.random.key(seed), LAYERS + 1)
-  ws = [jax.random.normal(k, (WIDTH, WIDTH)) / np.sqrt(WIDTH) for k in keys[:-1]]
-  return ws, jax.random.normal(keys[-1], (BATCH, WIDTH))
+  model = _chain(lambda f: f, seed)
+  return model.params, model.batch
 
 
 def _compile(wrap, ws, x):
-  return jax.jit(jax.grad(_chain(wrap))).lower(ws, x).compile()
+  return jax.jit(jax.grad(_chain(wrap).loss_fn)).lower(ws, x).compile()
 
 
 def _count(hlo_text, op):
