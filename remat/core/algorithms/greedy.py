@@ -28,7 +28,7 @@ import numpy as np
 
 from ..graph import Graph
 from ..options import RematOptions
-from ..plan import Region, Rewritten, apply_plan
+from ..plan import PlanError, Region, Rewritten, apply_plan
 from ..simulate import Timeline, simulate
 
 __all__ = ["PlanResult", "Strategy", "Drop", "run_greedy", "op_cost", "evaluate",
@@ -399,8 +399,10 @@ def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
     limit, or else the one with the lower peak.
     """
     baseline = simulate(graph, schedule)
-    results = [_run(graph, schedule, options, phases, keep, baseline, merge)
-               for merge in (False, True)]
+    results = [r for merge in (False, True)
+               if (r := _run(graph, schedule, options, phases, keep, baseline, merge))]
+    if not results:
+        raise PlanError("no plan could be realized; this is a bug in the planner.")
     met = [r for r in results if r.met]
     if met:
         return min(met, key=lambda r: r.extra_flops)
@@ -409,8 +411,10 @@ def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
 
 def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,
          phases: Sequence[Strategy], keep, baseline: Timeline,
-         merge_segments: bool) -> PlanResult:
-    """One planning run: sweep with the estimate, simulate, re-aim if short."""
+         merge_segments: bool) -> PlanResult | None:
+    """One planning run: sweep with the estimate, simulate, re-aim if short.
+    Merged regions can depend on each other in a cycle; such a run gives up and
+    returns the best plan it had (None if it had none)."""
     limit = options.memory_limit_bytes
     best: PlanResult | None = None
     target = limit
@@ -421,7 +425,12 @@ def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,
         drops = est.drops
         if keep is not None:
             drops = keep(est, target)
-        rw, tl = evaluate(graph, schedule, est.regions(drops))
+        try:
+            rw, tl = evaluate(graph, schedule, est.regions(drops))
+        except PlanError:
+            if not merge_segments:
+                raise
+            break
         result = PlanResult(tuple(rw.regions), rw, tl, baseline, limit)
         if best is None or tl.peak_bytes < best.timeline.peak_bytes:
             best = result
