@@ -15,6 +15,12 @@ chain's outputs occupy memory again at the late reader. The regions it chooses a
 then applied once (``remat.core.plan.apply_plan``) and simulated for real; if the
 real peak is over the limit, the engine runs again aiming lower by the difference.
 
+A value that an earlier region's chain reads can be dropped too: either each
+region that needs it recomputes it (the default), or, when one region needs it,
+that region also serves the value's own readers (a *segment*: one recomputation,
+held longer). The engine plans both ways and keeps the cheaper plan that meets the
+limit.
+
 Cost of an op: ``flops + 10 * transcendentals`` (the weighting of the seed's
 "path" algorithm).
 """
