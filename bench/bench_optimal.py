@@ -56,7 +56,7 @@ def run(name: str, limits, rounds: int):
 def planner_rows(name: str, limits) -> list[str]:
   """The algorithms on the planning graph, at fractions of the predicted temps."""
   model = PROGRAMS[name]()
-  closed, _, _ = _trace(jax.grad(model.loss_fn), (model.params, model.batch), {})
+  closed, _ = _trace(jax.grad(model.loss_fn), (model.params, model.batch), {})
   graph = _graph_of(inline_calls(closed))
   schedule = get_scheduler("best")(graph)
   base = simulate(graph, schedule)

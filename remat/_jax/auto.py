@@ -206,7 +206,7 @@ def _trace(fun, args, kwargs):
     return fun(*a, **k)
 
   closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat_args)
-  return closed, flat_args, jax.tree_util.tree_structure(out_shape)
+  return closed, jax.tree_util.tree_structure(out_shape)
 
 
 def _as_function(closed: core.ClosedJaxpr, out_tree) -> Callable:
@@ -245,7 +245,7 @@ def _lower_bound(graph: Graph) -> int:
 
 
 def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
-  closed, _, out_tree = _trace(fun, args, kwargs)
+  closed, out_tree = _trace(fun, args, kwargs)
   start = time.perf_counter()     # tracing is not planning: jax.jit traces too
   with gc_paused():
     flat = inline_calls(closed)

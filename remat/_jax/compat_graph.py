@@ -1,16 +1,17 @@
-"""Every JAX internal that the jaxpr-to-graph adapter touches, in one place.
+"""The jaxpr types and helpers the jaxpr-to-graph adapter uses.
 
-Pinned to jax 0.10.2. Public names come from ``jax.extend.core``; the one private
-module used is ``jax._src.source_info_util`` (to print an equation's user source
-line). If a JAX upgrade breaks the adapter, this is the file to fix.
+Public names come from ``jax.extend.core``; the one internal used (JAX's source
+locations, to print an equation's user source line) comes through ``compat.py``,
+the only module that imports ``jax._src``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from jax._src import source_info_util as _source_info_util
 from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Var
+
+from .compat import source_info_util as _source_info_util
 
 __all__ = ["ClosedJaxpr", "DropVar", "Jaxpr", "JaxprEqn", "Literal", "Var",
            "source_line", "open_jaxpr_and_consts"]
