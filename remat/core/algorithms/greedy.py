@@ -28,6 +28,7 @@ Cost of an op: ``flops + 10 * transcendentals`` (the weighting of the seed's
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -36,9 +37,10 @@ from ..graph import Graph
 from ..options import RematOptions
 from ..plan import PlanError, Region, Rewritten, apply_plan
 from ..simulate import Timeline, simulate
+from .consolidate import merge_regions
 
 __all__ = ["PlanResult", "Strategy", "Drop", "run_greedy", "op_cost", "evaluate",
-           "Estimate"]
+           "Estimate", "give_back", "best_of"]
 
 #: Times the engine re-aims when the real simulation misses the estimate.
 _REAIM = 4
@@ -391,6 +393,30 @@ def _best_drops(est: Estimate, live: list[int], peak: int, depth: int,
     return found[:count]
 
 
+def best_of(results: Sequence[PlanResult]) -> PlanResult:
+    """The cheapest plan that meets its limit, else the one with the lowest peak."""
+    met = [r for r in results if r.met]
+    if met:
+        return min(met, key=lambda r: r.extra_flops)
+    return min(results, key=lambda r: r.timeline.peak_bytes)
+
+
+def give_back(est: Estimate, target: int) -> list[Drop]:
+    """The drops worth keeping: walks them from the most to the least expensive
+    per byte and puts back each one whose return keeps the estimated peak within
+    ``target`` (de-rematerialization). Drops tied to others (one grew the other's
+    chain) stay."""
+    kept = list(est.drops)
+    free = [d for k, d in enumerate(est.drops) if not d.extends and k not in est.extended]
+    for d in sorted(free, key=lambda d: d.score):
+        est.apply(d, sign=-1)
+        if est.peak()[0] <= target:
+            kept.remove(d)
+        else:
+            est.apply(d, sign=1)
+    return kept
+
+
 def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
                phases: Sequence[Strategy],
                keep: Callable[[Estimate, int], list[Drop]] | None = None,
@@ -404,15 +430,23 @@ def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
     recomputation, more memory held), and returns the cheaper plan that meets the
     limit, or else the one with the lower peak.
     """
+    start = time.perf_counter()
     baseline = simulate(graph, schedule)
     results = [r for merge in (False, True)
                if (r := _run(graph, schedule, options, phases, keep, baseline, merge))]
     if not results:
         raise PlanError("no plan could be realized; this is a bug in the planner.")
-    met = [r for r in results if r.met]
-    if met:
-        return min(met, key=lambda r: r.extra_flops)
-    return min(results, key=lambda r: r.timeline.peak_bytes)
+    best = best_of(results)
+    if not best.met:
+        return best
+    # Regions that rebuild the same ops are merged where the limit allows
+    # (consolidate.py), in at most the time planning took so far.
+    regions = merge_regions(graph, schedule, best.regions, best.limit_bytes,
+                            seconds=time.perf_counter() - start)
+    if len(regions) == len(best.regions):
+        return best
+    rw, tl = evaluate(graph, schedule, regions)
+    return PlanResult(tuple(rw.regions), rw, tl, baseline, best.limit_bytes)
 
 
 def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,

@@ -17,28 +17,14 @@ from typing import Sequence
 
 from ..graph import Graph
 from ..options import RematOptions
-from .greedy import Drop, Estimate, PlanResult, Strategy, run_greedy
+from .greedy import PlanResult, Strategy, give_back, run_greedy
 from .recomputable import recomputable
 
 __all__ = ["plan_path"]
-
-
-def _give_back(est: Estimate, target: int) -> list[Drop]:
-    kept = list(est.drops)
-    # Drops tied to others (one grew the other's chain) stay; the rest are tried,
-    # the most expensive per byte first.
-    free = [d for k, d in enumerate(est.drops) if not d.extends and k not in est.extended]
-    for d in sorted(free, key=lambda d: d.score):
-        est.apply(d, sign=-1)
-        if est.peak()[0] <= target:
-            kept.remove(d)
-        else:
-            est.apply(d, sign=1)
-    return kept
 
 
 def plan_path(graph: Graph, schedule: Sequence[int],
               options: RematOptions) -> PlanResult:
     """Plans with the ``"path"`` algorithm (see the module docstring)."""
     whole_paths = Strategy(allows=recomputable, start_depth=options.max_chain_ops)
-    return run_greedy(graph, schedule, options, [whole_paths], keep=_give_back)
+    return run_greedy(graph, schedule, options, [whole_paths], keep=give_back)

@@ -1,0 +1,51 @@
+"""Merging regions that rebuild the same ops (remat.core.algorithms.consolidate)."""
+
+from remat.core.algorithms.consolidate import merge_regions
+from remat.core.plan import Region, apply_plan
+from remat.core.simulate import simulate
+
+from .random_graphs import training_chain
+
+
+def _peak_and_flops(graph, regions):
+    rw = apply_plan(graph, tuple(range(graph.num_ops)), regions)
+    return simulate(rw.graph, rw.schedule).peak_bytes, rw.extra_flops
+
+
+def _segment_regions(layers):
+    """Regions of a checkpointed chain as the greedy engine leaves them: the
+    backward of layer ``i`` reads a copy of activation ``i`` (op ``i - 1``) and
+    ``i + 1``, each rebuilt from the checkpoint (activation 0, the input)."""
+    backward = lambda i: (layers + 1 + 2 * (layers - i - 1), layers + 2 + 2 * (layers - i - 1))
+    return [Region(tuple(range(i + 1)), backward(i)) for i in range(layers - 1)]
+
+
+def test_merging_rebuilds_shared_ops_once_when_the_limit_allows():
+    graph = training_chain(4)
+    regions = _segment_regions(4)
+    peak, flops = _peak_and_flops(graph, regions)
+    merged = merge_regions(graph, tuple(range(graph.num_ops)), regions, 10**9)
+    merged_peak, merged_flops = _peak_and_flops(graph, merged)
+    assert len(merged) == 1 and merged[0].recompute == (0, 1, 2)
+    assert merged_flops == 300 < flops == 600
+    assert merged_peak > peak    # the copies are held longer: memory for compute
+
+
+def test_merging_keeps_the_limit():
+    graph = training_chain(6)
+    regions = _segment_regions(6)
+    peak, flops = _peak_and_flops(graph, regions)
+    merged = merge_regions(graph, tuple(range(graph.num_ops)), regions, peak)
+    merged_peak, merged_flops = _peak_and_flops(graph, merged)
+    assert merged_peak <= peak and merged_flops <= flops
+    # with one activation of room, some but not all merges fit
+    roomier = merge_regions(graph, tuple(range(graph.num_ops)), regions, peak + 1000)
+    roomier_peak, roomier_flops = _peak_and_flops(graph, roomier)
+    assert roomier_peak <= peak + 1000
+    assert 1 < len(roomier) < len(regions) and roomier_flops < flops
+
+
+def test_disjoint_regions_are_left_alone():
+    graph = training_chain(4)
+    regions = [Region((0,), (7, 8)), Region((2,), (5, 6))]
+    assert merge_regions(graph, tuple(range(graph.num_ops)), regions, 10**9) == regions
