@@ -95,8 +95,12 @@ class Strategy:
 
 @dataclasses.dataclass(frozen=True)
 class Drop:
-    """A value no longer kept between ``early_end`` and ``first_late``: ``chain``
-    recomputes it for ``consumers``."""
+    """A value not kept after step ``early_end`` until step ``freed_until``
+    (exclusive). ``chain`` rebuilds it for its own late readers (``consumers``,
+    from ``first_late``) and inside each earlier region whose chain reads it
+    (``extends``). Such copies are transient: a value only other chains read is
+    gone until its original last use. ``transients`` lists, per step where a
+    region rebuilds, the bytes the rebuild holds on top of what is live."""
 
     value: int
     chain: tuple[int, ...]
@@ -104,9 +108,10 @@ class Drop:
     early_end: int
     first_late: int
     nbytes: int
-    rebuilt_bytes: int      # bytes the chain's outputs occupy at first_late
     cost: float
     extends: tuple[int, ...] = ()   # earlier drops whose chains read this value late
+    freed_until: int = 0
+    transients: tuple[tuple[int, int], ...] = ()
 
     @property
     def score(self) -> float:
@@ -152,6 +157,7 @@ class Estimate:
         self.readers: dict[int, list[int]] = {}
         self.extended: set[int] = set()   # indices of drops whose chains grew
         self.absorbed: set[int] = set()   # drops served by another drop's region
+        self.rebuild: dict[int, int] = {}  # region (drop index) -> bytes its rebuild holds
         self.anchor = list(self.position)
         for step in range(n - 1, -1, -1):
             op = schedule[step]
@@ -172,17 +178,17 @@ class Estimate:
 
     def apply(self, d: Drop, sign: int = 1) -> None:
         """Adjusts the live bytes for dropping ``d`` (``sign=1``) or keeping it
-        after all (``sign=-1``): the value is gone between its last early reader
-        and the recomputation, which briefly holds the copy and the chain's other
-        results."""
-        gap = slice(d.early_end + 1, max(d.early_end + 1, d.first_late))
+        after all (``sign=-1``): the value is gone in its gap, and each rebuild
+        briefly holds the copy and the chain's other results."""
+        gap = slice(d.early_end + 1, max(d.early_end + 1, d.freed_until))
         self.live[gap] -= sign * d.nbytes
         self.after[gap] -= sign * d.nbytes
-        extra = self.transient.get(d.first_late, 0) + sign * (d.nbytes + d.rebuilt_bytes)
-        if extra:
-            self.transient[d.first_late] = extra
-        else:
-            self.transient.pop(d.first_late, None)
+        for step, nbytes in d.transients:
+            extra = self.transient.get(step, 0) + sign * nbytes
+            if extra:
+                self.transient[step] = extra
+            else:
+                self.transient.pop(step, None)
 
     def add(self, d: Drop) -> None:
         """Records the drop ``d``. The drops it extends now recompute its chain
@@ -200,15 +206,21 @@ class Estimate:
                 old, chain=tuple(sorted(set(old.chain) | set(d.chain))),
                 consumers=tuple(sorted(set(old.consumers) | set(d.consumers))),
                 cost=old.cost + d.cost)
+            self.rebuild[k] = self.rebuild.get(k, 0) + d.transients[0][1]
             self.absorbed.add(index)
             self._read(k)
             return
-        self._read(index)
-        for k in d.extends:
+        if d.consumers:      # a region of its own
+            self.rebuild[index] = d.transients[0][1]
+            self._read(index)
+        else:                # rebuilt only inside the regions it extends
+            self.absorbed.add(index)
+        for k, (_, delta) in zip(d.extends, d.transients[1 if d.consumers else 0:]):
             old = self.drops[k]
             self.drops[k] = dataclasses.replace(
                 old, chain=tuple(sorted(set(old.chain) | set(d.chain))),
-                cost=old.cost + d.cost / (1 + len(d.extends)))
+                cost=old.cost + d.cost / (len(d.extends) + bool(d.consumers)))
+            self.rebuild[k] = self.rebuild.get(k, 0) + delta
             self._read(k)
 
     def regions(self, drops: Sequence[Drop] | None = None) -> list[Region]:
@@ -255,26 +267,45 @@ def _drop_for(est: Estimate, v: int, peak: int, depth: int, strategy: Strategy,
             extends.append(k)
     if not late and not extends:
         return None
-    first_late = min([est.position[u] for u in late] +
+    own = min((est.position[u] for u in late), default=None)
+    first_late = min(([own] if own is not None else []) +
                      [est.drops[k].first_late for k in extends])
     roots = [graph.values[v].producer, *fused_early]
     chain = _chain(graph, roots, depth + len(fused_early), strategy,
                    lambda w: w in inputs or est.dies[w] >= first_late)
     if chain is None:
         return None
-    rebuilt = _rebuild_peak(est, chain, v)
-    # One recomputation when it joins a single earlier region; otherwise each
-    # region it extends recomputes the chain again.
-    joins = est.merge_segments and len(extends) == 1
-    cost = sum(op_cost(graph, o) for o in chain) * (1 if joins else 1 + len(extends))
-    return Drop(v, chain, tuple(sorted(late)), early_end, first_late,
-                graph.values[v].nbytes, rebuilt, cost, tuple(extends))
+    nbytes = graph.values[v].nbytes
+    chain_cost = sum(op_cost(graph, o) for o in chain)
+    if est.merge_segments and len(extends) == 1:
+        # joins the one region that needs it: one rebuild, held for its readers
+        (k,) = extends
+        served = set(late) | set(est.drops[k].consumers)
+        held = nbytes + _rebuild_peak(est, chain, v, served)
+        return Drop(v, chain, tuple(sorted(late)), early_end, first_late, nbytes,
+                    chain_cost, tuple(extends), first_late, ((first_late, held),))
+    transients = []
+    if own is not None:   # its own region, from its first late reader on
+        transients.append((own, nbytes + _rebuild_peak(est, chain, v, set(late))))
+    for k in extends:     # each region it extends grows by its chain
+        region = est.drops[k]
+        grown = sorted(set(region.chain) | set(chain))
+        held = region.nbytes + _rebuild_peak(est, grown, region.value,
+                                             set(region.consumers))
+        transients.append((region.first_late, held - est.rebuild.get(k, 0)))
+    cost = chain_cost * (len(extends) + (own is not None))
+    freed_until = own if own is not None else est.dies[v] + 1
+    region_step = own if own is not None else first_late
+    return Drop(v, chain, tuple(sorted(late)), early_end, region_step, nbytes, cost,
+                tuple(extends), freed_until, tuple(transients))
 
 
-def _rebuild_peak(est: Estimate, chain: Sequence[int], v: int) -> int:
+def _rebuild_peak(est: Estimate, chain: Sequence[int], v: int,
+                  served: set[int]) -> int:
     """The most bytes the chain's results other than ``v`` hold at once while it
     runs (the copy of ``v`` takes the place the original held): each result lives
-    until the last op of the chain that reads it, or to the end if read outside."""
+    until the last op of the chain that reads it, or to the end if an op the
+    region serves (``served``) reads it."""
     graph = est.graph
     members = set(chain)
     order = sorted(chain, key=est.position.__getitem__)
@@ -286,8 +317,9 @@ def _rebuild_peak(est: Estimate, chain: Sequence[int], v: int) -> int:
             if w == v or est.fused[w]:
                 continue
             readers = graph.users[w]
-            last = (max(step_of[u] for u in readers)
-                    if readers and all(u in members for u in readers) else len(order))
+            inside = [step_of[u] for u in readers if u in members]
+            last = (len(order) if any(u in served for u in readers)
+                    else max(inside, default=i))
             live += graph.values[w].nbytes
             ends[w] = last
         peak = max(peak, live)
@@ -387,7 +419,7 @@ def _best_drops(est: Estimate, live: list[int], peak: int, depth: int,
         if len(found) >= count and bound(v) <= found[count - 1].score:
             break
         d = _drop_for(est, v, peak, depth, strategy, inputs)
-        if d is not None and d.early_end < peak < d.first_late:
+        if d is not None and d.early_end < peak < d.freed_until:
             found.append(d)
             found.sort(key=lambda d: -d.score)
     return found[:count]
