@@ -82,3 +82,16 @@ def test_options_validate():
     assert parse_bytes("2GiB") == 2 << 30
     with pytest.raises(ValueError, match="cannot read"):
         parse_bytes("lots")
+
+
+@pytest.mark.parametrize("name", ["standard", "path"])
+def test_deep_limits_drop_checkpoints_through_other_regions(name):
+    # at 40% of the temporaries a 24-layer chain keeps only a few checkpoints:
+    # the regions of a segment rebuild through the dropped checkpoints before it
+    g = training_chain(24)
+    order = tuple(range(g.num_ops))
+    limit = _limit(g, 0.4)
+    result = get_algorithm(name)(g, order, RematOptions(limit, name, small_node_bytes=0))
+    assert result.met, (result.timeline.peak_bytes, limit)
+    assert all(region.consumers for region in result.regions)
+    assert max(len(region.recompute) for region in result.regions) > 1

@@ -87,3 +87,16 @@ def test_random_graphs_never_exceed_when_met(seed):
     check_schedule(r.rewritten.graph, r.rewritten.schedule)
     assert r.met == (r.timeline.peak_bytes <= r.limit_bytes)
     assert r.timeline.peak_bytes <= base.peak_bytes or r.status == "infeasible"
+
+
+@pytest.mark.parametrize("layers", [12, 24])
+def test_heuristics_are_near_the_optimum_at_half_the_temporaries(layers):
+    # issue 6's yardstick: path and standard within 1.25x the optimum's recompute
+    g = training_chain(layers)
+    limit = _limit(g, 0.5)
+    opt = _plan("optimal", g, limit)
+    assert opt.met and opt.extra_flops > 0
+    for name in ("path", "standard"):
+        heuristic = _plan(name, g, limit)
+        assert heuristic.met, name
+        assert heuristic.extra_flops <= 1.25 * opt.extra_flops, name
