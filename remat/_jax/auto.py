@@ -31,7 +31,8 @@ from remat.core.dot import to_dot
 from remat.core.gc_pause import gc_paused
 from remat.core.graph import Graph
 from remat.core.memlog import format_bytes, memlog
-from remat.core.options import RematOptions, parse_bytes
+from remat.core.bounds import planner_floor
+from remat.core.options import DEFAULT_SMALL_NODE_BYTES, RematOptions, parse_bytes
 from remat.core.schedulers import get_scheduler
 from remat.core.simulate import simulate
 
@@ -75,6 +76,8 @@ class Plan:
     jaxpr: the rewritten program.
     plan_seconds: time spent planning and rewriting (not tracing, which
       ``jax.jit`` does too, nor compiling).
+    small_node_bytes: the small-node limit planned with (the default is lowered
+      when the values it keeps would put the limit out of reach).
     out_tree: the structure of the program's outputs.
     compiled: the compiled rewritten program.
   """
@@ -87,6 +90,7 @@ class Plan:
   plan_seconds: float
   out_tree: Any = dataclasses.field(repr=False, default=None)
   compiled: Any = dataclasses.field(repr=False, default=None)
+  small_node_bytes: int = DEFAULT_SMALL_NODE_BYTES
 
   @property
   def met(self) -> bool:
@@ -149,6 +153,7 @@ class _Settings:
   dump_dot: bool
   dump_memlog: bool
   solver_seconds: float = 60.0    # "optimal"'s time limit (REMAT_FLAGS only)
+  small_node_given: bool = False  # False: the default, lowered when it blocks the limit
 
 
 _UNSET: Any = object()
@@ -173,10 +178,12 @@ def _settings(memory_limit, algorithm, scheduler, small_node_limit, dump_to
   return _Settings(
       _parse_limit(limit), pick(algorithm, "algorithm", "path"),
       pick(scheduler, "scheduler", "best"),
-      parse_bytes(pick(small_node_limit, "small_node_limit", 1 << 20)),
+      parse_bytes(pick(small_node_limit, "small_node_limit",
+                       DEFAULT_SMALL_NODE_BYTES)),
       dump_to, not chosen or "dump_dot" in chosen,
       not chosen or "dump_memlog" in chosen,
-      float(env.get("solver_seconds", 60.0)))
+      float(env.get("solver_seconds", 60.0)),
+      small_node_limit is not _UNSET or "small_node_limit" in env)
 
 
 def _parse_limit(limit) -> int | float:
@@ -244,6 +251,18 @@ def _lower_bound(graph: Graph) -> int:
   return fixed + largest
 
 
+def _small_node_bytes(graph: Graph, timeline, target: int, settings: _Settings
+                      ) -> int:
+  """The small-node limit to plan with: the one given, or the default, halved
+  until the values it keeps no longer put the target out of reach."""
+  small = settings.small_node_bytes
+  if settings.small_node_given:
+    return small
+  while small > 4096 and planner_floor(graph, timeline, small) > target:
+    small //= 2
+  return small if planner_floor(graph, timeline, small) <= target else 0
+
+
 def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
   closed, out_tree = _trace(fun, args, kwargs)
   start = time.perf_counter()     # tracing is not planning: jax.jit traces too
@@ -252,7 +271,8 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     graph = _graph_of(flat)
     schedule = get_scheduler(settings.scheduler)(graph)
     algorithm = get_algorithm(settings.algorithm)
-    predicted_base = simulate(graph, schedule, check=False).peak_bytes
+    timeline = simulate(graph, schedule, check=False)
+    predicted_base = timeline.peak_bytes
   planning = time.perf_counter() - start
 
   baseline = XlaFootprint.of(_compile(flat, out_tree, args, kwargs, jit_kwargs))
@@ -265,8 +285,8 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
   best = None
   for attempt in range(_RETRIES):
     t = time.perf_counter()
-    options = RematOptions(target, settings.algorithm, settings.scheduler,
-                           settings.small_node_bytes,
+    small = _small_node_bytes(graph, timeline, target, settings)
+    options = RematOptions(target, settings.algorithm, settings.scheduler, small,
                            solver_seconds=settings.solver_seconds)
     with gc_paused():
       result = algorithm(graph, schedule, options)
@@ -275,7 +295,7 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     planning += time.perf_counter() - t
     compiled = _compile(rewritten, out_tree, args, kwargs, jit_kwargs)
     plan = Plan(limit, baseline, XlaFootprint.of(compiled), result, graph,
-                rewritten, planning, out_tree, compiled)
+                rewritten, planning, out_tree, compiled, small)
     if best is None or plan.planned.total < best.planned.total:
       best = plan
     if plan.met or not result.met:
@@ -286,14 +306,19 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     target -= int(miss * (1.0 + 0.5 * attempt)) + 1
   _dump(best, settings)
   if not best.met:
+    to_xla = baseline.total / max(predicted_base, 1)
+    floor = int(planner_floor(graph, timeline, best.small_node_bytes) * to_xla)
     raise MemoryLimitError(
         f"remat: cannot meet memory_limit={format_bytes(limit)} ({limit} bytes) "
         f"with algorithm {settings.algorithm!r}. XLA's footprint of the program is "
         f"{format_bytes(baseline.total)}; the least reached is "
-        f"{format_bytes(best.planned.total)}; no plan can go below about "
-        f"{format_bytes(_lower_bound(graph))} (inputs, outputs and the largest "
-        "single operation). Raise the limit, try another algorithm, or lower "
-        "small_node_limit.")
+        f"{format_bytes(best.planned.total)}. With small_node_limit="
+        f"{format_bytes(best.small_node_bytes)}, no plan of this pass goes below "
+        f"about {format_bytes(floor)} (the values it keeps, and each op's operands "
+        "and results; our model, scaled to XLA's figures); no rematerialization at "
+        f"all goes below about {format_bytes(int(_lower_bound(graph) * to_xla))} "
+        "(inputs, outputs and the largest single operation). Raise the limit, try "
+        "another algorithm, or lower small_node_limit.")
   return best
 
 
@@ -381,8 +406,10 @@ def jit(fun: Callable, *, memory_limit: Any = _UNSET, algorithm: str = _UNSET,
       programming, for programs of a few hundred ops; its time limit is
       ``REMAT_FLAGS=--solver_seconds=``, default 60).
     scheduler: ``"best"`` (default), ``"list"``, ``"dfs"`` or ``"postorder"``.
-    small_node_limit: values smaller than this (bytes or a size string; default
-      1 MiB) are never recomputed.
+    small_node_limit: values smaller than this (bytes or a size string) are
+      never recomputed. When not given (here or in ``REMAT_FLAGS``), 1 MiB,
+      halved as far as needed when the values it keeps alone would exceed the
+      limit (``Plan.small_node_bytes`` says what was used).
     dump_to: a directory for the plan, and with ``REMAT_FLAGS`` ``--dump_dot`` /
       ``--dump_memlog``, the DOT graphs before and after and the memory log.
     **jit_kwargs: passed to ``jax.jit`` (static arguments are not supported).

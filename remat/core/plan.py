@@ -88,38 +88,51 @@ class Rewritten:
         return sum(ops[o].flops for o, c in enumerate(self.is_copy) if c)
 
 
-def convex_hull(graph: Graph, ops: Sequence[int]) -> set[int]:
-    """``ops`` plus every op on a path between two of them."""
+def convex_hull(graph: Graph, ops: Sequence[int],
+                position: Sequence[int] | None = None) -> set[int]:
+    """``ops`` plus every op on a path between two of them.
+
+    ``position`` (each op's step in a topological order), if given, bounds the
+    search: an op between two others runs between them in any such order.
+    """
     seeds = set(ops)
-    below = _reach(seeds, graph.successors)
-    above = _reach(seeds, graph.predecessors)
+    if not seeds:
+        return seeds
+    if position is None:
+        inside = None
+    else:
+        lo = min(position[o] for o in seeds)
+        hi = max(position[o] for o in seeds)
+        inside = lambda o: lo <= position[o] <= hi
+    below = _reach(seeds, graph.successors, inside)
+    above = _reach(seeds, graph.predecessors, inside)
     return (below & above) | seeds
 
 
-def _reach(seeds: set[int], edges) -> set[int]:
+def _reach(seeds: set[int], edges, inside=None) -> set[int]:
     seen = set(seeds)
     stack = list(seeds)
     while stack:
         for nxt in edges[stack.pop()]:
-            if nxt not in seen:
+            if nxt not in seen and (inside is None or inside(nxt)):
                 seen.add(nxt)
                 stack.append(nxt)
     return seen
 
 
-def _merge_overlapping(graph: Graph, regions: Sequence[Region]):
+def _merge_overlapping(graph: Graph, regions: Sequence[Region], position):
     """Regions whose blocks would overlap are merged into one."""
     merged: list[tuple[set[int], set[int], set[int]]] = []   # recompute, consumers, hull
     for r in regions:
         rec, cons = set(r.recompute), set(r.consumers)
-        hull = convex_hull(graph, cons)
+        hull = convex_hull(graph, cons, position)
         i = 0
         while i < len(merged):
             if merged[i][2] & hull:
                 orec, ocons, _ = merged.pop(i)
                 rec |= orec
                 cons |= ocons
-                hull = convex_hull(graph, cons)
+                hull = convex_hull(graph, cons, position)
                 i = 0
             else:
                 i += 1
@@ -138,7 +151,7 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
     position = [0] * n
     for step, op_id in enumerate(schedule):
         position[op_id] = step
-    merged = _merge_overlapping(graph, regions)
+    merged = _merge_overlapping(graph, regions, position)
     block_of = [-1] * n
     for k, (rec, _, hull) in enumerate(merged):
         for o in hull:

@@ -10,7 +10,7 @@ MODULES = [
     "remat.core.dot", "remat.core.schedulers.postorder", "remat.core.schedulers.dfs",
     "remat.core.schedulers.list", "remat.core.schedulers.best", "remat.core.plan",
     "remat.core.options", "remat.core.gc_pause", "remat._flags",
-    "remat.core.algorithms.consolidate",
+    "remat.core.algorithms.consolidate", "remat.core.bounds",
 ]
 
 

@@ -66,9 +66,21 @@ def test_limit_in_bytes_and_strings(plain):
 
 def test_unreachable_limit_names_least_and_bound():
   ws, x = _inputs(3)
-  with pytest.raises(remat.MemoryLimitError, match=r"least reached is .* no plan can "
-                     r"go below about"):
+  with pytest.raises(remat.MemoryLimitError, match=r"least reached is .* no plan of "
+                     r"this pass goes below about .* no rematerialization at all"):
     remat.plan(jax.grad(_loss), ws, x, memory_limit="1MiB", small_node_limit=0)
+
+
+def test_default_small_node_limit_gives_way_to_the_limit():
+  # every activation here is 512 KiB, under the default 1 MiB small-node limit
+  ws, x = _inputs(6)
+  plan = remat.plan(jax.grad(_loss), ws, x, memory_limit=0.6)
+  assert plan.met and plan.result.regions
+  assert 0 <= plan.small_node_bytes <= 512 * 1024   # "smaller than" is kept
+  # given explicitly, it is kept, and the error says what it rules out
+  with pytest.raises(remat.MemoryLimitError,
+                     match=r"small_node_limit=1.0 MiB, no plan of this pass"):
+    remat.plan(jax.grad(_loss), ws, x, memory_limit=0.6, small_node_limit="1MiB")
 
 
 def test_bad_limits():

@@ -267,8 +267,7 @@ def _drop_for(est: Estimate, v: int, peak: int, depth: int, strategy: Strategy,
             extends.append(k)
     if not late and not extends:
         return None
-    own = min((est.position[u] for u in late), default=None)
-    first_late = min(([own] if own is not None else []) +
+    first_late = min([est.position[u] for u in late] +
                      [est.drops[k].first_late for k in extends])
     roots = [graph.values[v].producer, *fused_early]
     chain = _chain(graph, roots, depth + len(fused_early), strategy,
@@ -279,25 +278,34 @@ def _drop_for(est: Estimate, v: int, peak: int, depth: int, strategy: Strategy,
     chain_cost = sum(op_cost(graph, o) for o in chain)
     if est.merge_segments and len(extends) == 1:
         # joins the one region that needs it: one rebuild, held for its readers
-        (k,) = extends
-        served = set(late) | set(est.drops[k].consumers)
-        held = nbytes + _rebuild_peak(est, chain, v, served)
         return Drop(v, chain, tuple(sorted(late)), early_end, first_late, nbytes,
-                    chain_cost, tuple(extends), first_late, ((first_late, held),))
-    transients = []
-    if own is not None:   # its own region, from its first late reader on
-        transients.append((own, nbytes + _rebuild_peak(est, chain, v, set(late))))
-    for k in extends:     # each region it extends grows by its chain
-        region = est.drops[k]
-        grown = sorted(set(region.chain) | set(chain))
-        held = region.nbytes + _rebuild_peak(est, grown, region.value,
-                                             set(region.consumers))
-        transients.append((region.first_late, held - est.rebuild.get(k, 0)))
+                    chain_cost, tuple(extends), first_late)
+    own = min((est.position[u] for u in late), default=None)
     cost = chain_cost * (len(extends) + (own is not None))
     freed_until = own if own is not None else est.dies[v] + 1
     region_step = own if own is not None else first_late
     return Drop(v, chain, tuple(sorted(late)), early_end, region_step, nbytes, cost,
-                tuple(extends), freed_until, tuple(transients))
+                tuple(extends), freed_until)
+
+
+def _with_transients(est: Estimate, d: Drop) -> Drop:
+    """``d`` with the bytes each rebuild holds (worked out only for the drops
+    actually tried: it is the costly part)."""
+    if est.merge_segments and len(d.extends) == 1:
+        served = set(d.consumers) | set(est.drops[d.extends[0]].consumers)
+        held = d.nbytes + _rebuild_peak(est, d.chain, d.value, served)
+        return dataclasses.replace(d, transients=((d.first_late, held),))
+    transients = []
+    if d.consumers:       # its own region, from its first late reader on
+        transients.append((d.first_late, d.nbytes + _rebuild_peak(
+            est, d.chain, d.value, set(d.consumers))))
+    for k in d.extends:   # each region it extends grows by its chain
+        region = est.drops[k]
+        grown = sorted(set(region.chain) | set(d.chain))
+        held = region.nbytes + _rebuild_peak(est, grown, region.value,
+                                             set(region.consumers))
+        transients.append((region.first_late, held - est.rebuild.get(k, 0)))
+    return dataclasses.replace(d, transients=tuple(transients))
 
 
 def _rebuild_peak(est: Estimate, chain: Sequence[int], v: int,
@@ -392,6 +400,7 @@ _SHORTLIST = 6
 def _first_kept(est: Estimate, drops: list[Drop], peak_bytes: int) -> Drop | None:
     """The first drop that does not raise the peak elsewhere."""
     for d in drops:
+        d = _with_transients(est, d)
         est.apply(d)
         kept = est.peak()[0] <= peak_bytes
         est.apply(d, sign=-1)
@@ -472,9 +481,9 @@ def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
     if not best.met:
         return best
     # Regions that rebuild the same ops are merged where the limit allows
-    # (consolidate.py), in at most the time planning took so far.
+    # (consolidate.py), in at most half the time planning took so far.
     regions = merge_regions(graph, schedule, best.regions, best.limit_bytes,
-                            seconds=time.perf_counter() - start)
+                            seconds=0.5 * (time.perf_counter() - start))
     if len(regions) == len(best.regions):
         return best
     rw, tl = evaluate(graph, schedule, regions)

@@ -334,7 +334,7 @@ def _candidate(graph, v, t, chain, roots, position, anchor, available, resident,
             else:
                 other += resident[w]
     transient = _rebuild_peak(graph, chain, t, position, resident)
-    block = convex_hull(graph, consumers)
+    block = convex_hull(graph, consumers, position)
     ready = t - 1
     for op in block:
         for w in graph.ops[op].inputs:

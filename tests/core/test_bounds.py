@@ -1,0 +1,31 @@
+"""The planner's floor (remat.core.bounds): no algorithm goes below it."""
+
+import pytest
+
+from remat.core.algorithms import get_algorithm
+from remat.core.bounds import planner_floor
+from remat.core.options import RematOptions
+from remat.core.simulate import simulate
+
+from .random_graphs import random_dag, training_chain
+
+
+def test_floor_rises_with_the_small_node_limit():
+    g = training_chain(12)
+    tl = simulate(g, tuple(range(g.num_ops)))
+    floors = [planner_floor(g, tl, small) for small in (0, 100, 1001)]
+    assert floors[0] == floors[1] < floors[2] == tl.peak_bytes
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("name", ["path", "standard"])
+def test_no_plan_goes_below_the_floor(seed, name):
+    g = random_dag(seed, num_ops=40)
+    order = tuple(range(g.num_ops))
+    tl = simulate(g, order)
+    for small in (0, 500):
+        floor = planner_floor(g, tl, small)
+        assert floor <= tl.peak_bytes
+        result = get_algorithm(name)(g, order, RematOptions(0, name,
+                                                             small_node_bytes=small))
+        assert result.timeline.peak_bytes >= floor
