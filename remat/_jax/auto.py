@@ -26,7 +26,7 @@ from remat._jax.compat import core
 from remat._jax.inline import inline_calls
 from remat._jax.rewrite import rewrite_jaxpr
 from remat._jax.to_graph import jaxpr_to_graph
-from remat.core.algorithms import PlanResult, get_algorithm
+from remat.core.algorithms import PlanResult, get_algorithm, may_recompute
 from remat.core.dot import to_dot
 from remat.core.gc_pause import gc_paused
 from remat.core.graph import Graph
@@ -260,9 +260,11 @@ def _small_node_bytes(graph: Graph, timeline, target: int, settings: _Settings
   small = settings.small_node_bytes
   if settings.small_node_given:
     return small
-  while small > 4096 and planner_floor(graph, timeline, small) > target:
+  allows = may_recompute(settings.algorithm)
+  floor = lambda s: planner_floor(graph, timeline, s, allows)
+  while small > 4096 and floor(small) > target:
     small //= 2
-  return small if planner_floor(graph, timeline, small) <= target else 0
+  return small if floor(small) <= target else 0
 
 
 def _schedules(graph: Graph, name: str) -> list[tuple[int, ...]]:
@@ -325,7 +327,8 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
       if plan.met:
         break
       if not result.met:
-        floors.append(planner_floor(graph, timeline, small) / to_model)
+        floors.append(planner_floor(graph, timeline, small,
+                                    may_recompute(settings.algorithm)) / to_model)
         break   # our model already says the target is out of reach here
       # XLA needs more than the model predicted: aim lower by the miss (in model
       # units), a little more each time.
@@ -337,16 +340,18 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
   if not best.met:
     timeline = simulate(graph, schedules[0], check=False)
     to_xla = baseline.total / max(timeline.peak_bytes, 1)
-    floor = int(min(floors or [planner_floor(graph, timeline, best.small_node_bytes)
-                               * to_xla]))
+    allows = may_recompute(settings.algorithm)
+    floor = int(min(floors) if floors else
+                planner_floor(graph, timeline, best.small_node_bytes, allows) * to_xla)
     raise MemoryLimitError(
         f"remat: cannot meet memory_limit={format_bytes(limit)} ({limit} bytes) "
         f"with algorithm {settings.algorithm!r}. XLA's footprint of the program is "
         f"{format_bytes(baseline.total)}; the least reached is "
         f"{format_bytes(best.planned.total)}. With small_node_limit="
         f"{format_bytes(best.small_node_bytes)}, no plan of this pass goes below "
-        f"about {format_bytes(floor)} (the values it keeps, and each op's operands "
-        "and results; our model, scaled to XLA's figures); no rematerialization at "
+        f"about {format_bytes(floor)} (the values {settings.algorithm!r} may not "
+        "recompute, and each op's operands and results; our model, scaled to XLA's "
+        "figures); no rematerialization at "
         f"all goes below about {format_bytes(int(_lower_bound(graph) * to_xla))} "
         "(inputs, outputs and the largest single operation). Raise the limit, try "
         "another algorithm, or lower small_node_limit.")

@@ -29,3 +29,11 @@ def test_no_plan_goes_below_the_floor(seed, name):
         result = get_algorithm(name)(g, order, RematOptions(0, name,
                                                              small_node_bytes=small))
         assert result.timeline.peak_bytes >= floor
+
+
+def test_compress_floor_counts_only_expansions():
+    from remat.core.algorithms import may_recompute
+    g = training_chain(8)      # dots only: nothing compress may rebuild
+    tl = simulate(g, tuple(range(g.num_ops)))
+    assert planner_floor(g, tl, 0, may_recompute("compress")) == tl.peak_bytes
+    assert planner_floor(g, tl, 0, may_recompute("path")) < tl.peak_bytes

@@ -7,14 +7,15 @@ from collections.abc import Callable, Sequence
 
 from ..graph import Graph
 from ..options import RematOptions
-from .compress import plan_compress
+from .compress import is_expansion, plan_compress
 from .greedy import PlanResult
 from .optimal import OptimalResult, plan_optimal
 from .path import plan_path
+from .recomputable import recomputable
 from .standard import plan_standard
 from .standardcompress import plan_standardcompress
 
-__all__ = ["ALGORITHMS", "get_algorithm", "PlanResult", "OptimalResult"]
+__all__ = ["ALGORITHMS", "get_algorithm", "may_recompute", "PlanResult", "OptimalResult"]
 
 Algorithm = Callable[[Graph, Sequence[int], RematOptions], PlanResult]
 
@@ -34,3 +35,9 @@ def get_algorithm(name: str) -> Algorithm:
     except KeyError:
         raise ValueError(f"unknown algorithm {name!r}; choose one of "
                          f"{sorted(ALGORITHMS)}.") from None
+
+
+def may_recompute(name: str) -> Callable[[Graph, int], bool]:
+    """Which ops the algorithm called ``name`` may run again (for
+    :func:`remat.core.bounds.planner_floor`)."""
+    return is_expansion if name == "compress" else recomputable
