@@ -253,6 +253,16 @@ def _lower_bound(graph: Graph) -> int:
   return fixed + largest
 
 
+def _in_xla_bytes(model_bytes: int, timeline, baseline: XlaFootprint) -> int:
+  """A footprint of our model in XLA's terms: arguments and outputs as XLA
+  counts them, temporaries scaled by how XLA's plain program compares with the
+  model's (on the order ``timeline`` is for)."""
+  fixed = timeline.input_bytes + timeline.output_bytes
+  temps = max(timeline.peak_bytes - fixed, 1)
+  xla_fixed = baseline.argument + baseline.output - baseline.alias
+  return int(xla_fixed + max(model_bytes - fixed, 0) * baseline.temp / temps)
+
+
 def _small_node_bytes(graph: Graph, timeline, target: int, settings: _Settings
                       ) -> int:
   """The small-node limit to plan with: the one given, or the default, halved
@@ -327,8 +337,9 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
       if plan.met:
         break
       if not result.met:
-        floors.append(planner_floor(graph, timeline, small,
-                                    may_recompute(settings.algorithm)) / to_model)
+        floors.append(_in_xla_bytes(planner_floor(
+            graph, timeline, small, may_recompute(settings.algorithm)),
+            timeline, baseline))
         break   # our model already says the target is out of reach here
       # XLA needs more than the model predicted: aim lower by the miss (in model
       # units), a little more each time.
@@ -339,10 +350,10 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
   _dump(best, settings)
   if not best.met:
     timeline = simulate(graph, schedules[0], check=False)
-    to_xla = baseline.total / max(timeline.peak_bytes, 1)
     allows = may_recompute(settings.algorithm)
-    floor = int(min(floors) if floors else
-                planner_floor(graph, timeline, best.small_node_bytes, allows) * to_xla)
+    floor = min(floors) if floors else _in_xla_bytes(
+        planner_floor(graph, timeline, best.small_node_bytes, allows), timeline,
+        baseline)
     raise MemoryLimitError(
         f"remat: cannot meet memory_limit={format_bytes(limit)} ({limit} bytes) "
         f"with algorithm {settings.algorithm!r}. XLA's footprint of the program is "
@@ -352,7 +363,8 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
         f"about {format_bytes(floor)} (the values {settings.algorithm!r} may not "
         "recompute, and each op's operands and results; our model, scaled to XLA's "
         "figures); no rematerialization at "
-        f"all goes below about {format_bytes(int(_lower_bound(graph) * to_xla))} "
+        f"all goes below about "
+        f"{format_bytes(_in_xla_bytes(_lower_bound(graph), timeline, baseline))} "
         "(inputs, outputs and the largest single operation). Raise the limit, try "
         "another algorithm, or lower small_node_limit.")
   return best
