@@ -81,9 +81,10 @@ def run_model(name: str, algorithms, limits, rounds: int) -> list[dict]:
 
 def _line(r: dict) -> str:
   if "error" in r:
-    least = r["error"].split("the least reached is ")[1].split(";")[0]
+    least = r["error"].split("the least reached is ")[1].split(". ")[0]
+    floor = r["error"].split("goes below about ")[1].split(" (")[0]
     return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | refused: least "
-            f"reached {least} | | | | | |")
+            f"reached {least}, floor of the pass {floor} | | | | | |")
   mib = 2 ** 20
   return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | "
           f"{r['limit'] / mib:.1f} | {r['baseline'] / mib:.1f} -> "

@@ -263,13 +263,14 @@ def _in_xla_bytes(model_bytes: int, timeline, baseline: XlaFootprint) -> int:
   return int(xla_fixed + max(model_bytes - fixed, 0) * baseline.temp / temps)
 
 
-def _small_node_bytes(graph: Graph, timeline, target: int, settings: _Settings
-                      ) -> int:
-  """The small-node limit to plan with: the one given, or the default, halved
-  until the values it keeps no longer put the target out of reach."""
-  small = settings.small_node_bytes
+def _small_node_bytes(graph: Graph, timeline, target: int, settings: _Settings,
+                      cap: int) -> int:
+  """The small-node limit to plan with: the one given, or the default (at most
+  ``cap``), halved until the values it keeps no longer put the target out of
+  reach."""
   if settings.small_node_given:
-    return small
+    return settings.small_node_bytes
+  small = min(settings.small_node_bytes, cap)
   allows = may_recompute(settings.algorithm)
   floor = lambda s: planner_floor(graph, timeline, s, allows)
   while small > 4096 and floor(small) > target:
@@ -316,12 +317,14 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     to_model = timeline.peak_bytes / max(baseline.total, 1)
     target = int(limit * to_model)
     planning += time.perf_counter() - t
+    cap = settings.small_node_bytes
+    step = 1.0
     for attempt in range(_RETRIES):
       if attempts == _MAX_ATTEMPTS:
         break
       attempts += 1
       t = time.perf_counter()
-      small = _small_node_bytes(graph, timeline, target, settings)
+      small = _small_node_bytes(graph, timeline, target, settings, cap)
       options = RematOptions(target, settings.algorithm, settings.scheduler, small,
                              solver_seconds=settings.solver_seconds)
       with gc_paused():
@@ -332,18 +335,24 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
       compiled = _compile(rewritten, out_tree, args, kwargs, jit_kwargs)
       plan = Plan(limit, baseline, XlaFootprint.of(compiled), result, graph,
                   rewritten, planning, out_tree, compiled, small)
-      if best is None or plan.planned.total < best.planned.total:
+      progress = best is None or plan.planned.total < best.planned.total
+      if progress:
         best = plan
       if plan.met:
         break
       if not result.met:
-        floors.append(_in_xla_bytes(planner_floor(
-            graph, timeline, small, may_recompute(settings.algorithm)),
-            timeline, baseline))
+        floor = planner_floor(graph, timeline, small, may_recompute(settings.algorithm))
+        temps = timeline.peak_bytes - timeline.input_bytes - timeline.output_bytes
+        if (small > 0 and not settings.small_node_given and
+            result.timeline.peak_bytes <= floor + 0.1 * temps):
+          cap = small // 4    # the small values bind: the default gives way further
+          continue
+        floors.append(_in_xla_bytes(floor, timeline, baseline))
         break   # our model already says the target is out of reach here
       # XLA needs more than the model predicted: aim lower by the miss (in model
-      # units), a little more each time.
-      target -= int((plan.planned.total - limit) * to_model * (1.0 + attempt)) + 1
+      # units), by more each time, and twice as much again after no progress.
+      step = (step + 0.5) * (1 if progress else 2)
+      target -= int((plan.planned.total - limit) * to_model * step) + 1
     if best.met:
       break
   best = dataclasses.replace(best, plan_seconds=planning)
