@@ -7,7 +7,9 @@ the FLOPs ratio to the plain program (``cost_analysis()``), the median step-time
 ratio (plain and rematerialized steps timed in turn), the planning time (tracing
 excluded, as ``jax.jit`` traces too) against XLA's compile time of the plain
 program, and whether the gradients match. A limit that cannot be met is reported
-with the least footprint reached.
+with the least footprint reached. One small program is planned first, untimed,
+so that one-time initialization (first calls into JAX's tracing machinery and
+NumPy) is not charged to the first model.
 
 Run from the repository root: ``python -m bench.bench_auto`` (``--models``,
 ``--algorithms``, ``--limits`` to choose). Writes ``bench/results/auto.md`` and
@@ -42,6 +44,16 @@ def _median_times(fns, args, rounds):
       jax.block_until_ready(fn(*args))
       times[k].append(time.perf_counter() - start)
   return [float(np.median(t)) for t in times]
+
+
+def warm_up() -> None:
+  small = models.mlp_chain(layers=2, batch=64, width=32)
+  for algorithm in ("path", "standard", "compress"):
+    try:
+      remat.plan(jax.grad(small.loss_fn), small.params, small.batch,
+                 memory_limit=0.5, algorithm=algorithm, small_node_limit=0)
+    except remat.MemoryLimitError:
+      pass
 
 
 def run_model(name: str, algorithms, limits, rounds: int) -> list[dict]:
@@ -126,6 +138,7 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=5)
   args = parser.parse_args()
   print(HEADER, flush=True)
+  warm_up()
   rows = []
   for name in args.models.split(","):
     rows += run_model(name, args.algorithms.split(","),
