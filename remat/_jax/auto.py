@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import pathlib
 import time
@@ -36,6 +37,8 @@ from remat.core.options import DEFAULT_SMALL_NODE_BYTES, RematOptions, parse_byt
 from remat.core.schedulers import get_scheduler
 from remat.core.schedulers.best import CANDIDATES as SCHEDULE_CANDIDATES
 from remat.core.simulate import simulate
+
+log = logging.getLogger("remat")
 
 _RETRIES = 5        # plans per schedule, each aiming lower after XLA's miss
 _MAX_ATTEMPTS = 8   # plans (and compiles) in all
@@ -318,7 +321,7 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     target = int(limit * to_model)
     planning += time.perf_counter() - t
     cap = settings.small_node_bytes
-    step = 1.0
+    stalls = 0
     for attempt in range(_RETRIES):
       if attempts == _MAX_ATTEMPTS:
         break
@@ -335,6 +338,9 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
       compiled = _compile(rewritten, out_tree, args, kwargs, jit_kwargs)
       plan = Plan(limit, baseline, XlaFootprint.of(compiled), result, graph,
                   rewritten, planning, out_tree, compiled, small)
+      log.debug("remat: order %d attempt %d: target %d (model), small %d, model peak "
+                "%d, XLA %d, limit %d", schedules.index(schedule), attempt, target,
+                small, result.timeline.peak_bytes, plan.planned.total, limit)
       progress = best is None or plan.planned.total < best.planned.total
       if progress:
         best = plan
@@ -350,8 +356,10 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
         floors.append(_in_xla_bytes(floor, timeline, baseline))
         break   # our model already says the target is out of reach here
       # XLA needs more than the model predicted: aim lower by the miss (in model
-      # units), by more each time, and twice as much again after no progress.
-      step = (step + 0.5) * (1 if progress else 2)
+      # units), by more each time, and half as much again after each attempt
+      # that did not lower XLA's figure.
+      stalls += not progress
+      step = (1.0 + 0.5 * attempt) * 1.5 ** stalls
       target -= int((plan.planned.total - limit) * to_model * step) + 1
     if best.met:
       break

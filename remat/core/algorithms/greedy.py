@@ -369,14 +369,16 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
     inputs, outputs = set(graph.inputs), set(graph.outputs)
     depth = strategy.start_depth
     dropped = {d.value for d in est.drops}
+    small = max(options.small_node_bytes, 1)
+    eligible = [v for v in range(len(graph.values))
+                if v not in inputs and v not in outputs and not est.fused[v] and
+                graph.values[v].nbytes >= small]
     while True:
         peak_bytes, peak = est.peak()
         if peak_bytes <= target:
             return
-        live = [v for v in range(len(graph.values))
-                if v not in dropped and v not in inputs and v not in outputs and
-                not est.fused[v] and est.born[v] < peak <= est.dies[v] and
-                graph.values[v].nbytes >= max(options.small_node_bytes, 1)]
+        live = [v for v in eligible if est.born[v] < peak <= est.dies[v] and
+                v not in dropped]
         shortlist = _best_drops(est, live, peak, depth, strategy, inputs, _SHORTLIST)
         chosen = _first_kept(est, shortlist, peak_bytes)
         if chosen is None:    # all rejected: work out every drop and try the rest
