@@ -63,9 +63,12 @@ def test_unreachable_limit_is_reported():
 def test_time_limit_reports_gap_or_no_plan():
     g = training_chain(24)
     r = _plan("optimal", g, _limit(g, 0.5), solver_seconds=0.01)
-    assert r.status in ("time_limit", "optimal", "infeasible")
+    assert r.status in ("time_limit", "optimal", "infeasible", "heuristic")
     if r.status == "time_limit" and r.gap is not None:
         assert r.gap >= 0.0
+    if r.status == "heuristic":     # the solver had no time: the best plan known
+        assert r.met and r.extra_flops == min(
+            _plan(name, g, r.limit_bytes).extra_flops for name in ("path", "standard"))
     assert r.solve_seconds < 30
 
 

@@ -26,7 +26,11 @@ within the limit. Only steps over the limit get a row, and steps with the same
 coefficients share one row (the tightest). The graph is not coarsened: values
 under ``small_node_bytes`` and fused values are never candidates, which is what
 keeps the program small (a 24-layer chain gradient, 219 ops: ~1,900 candidates,
-solved in seconds).
+solved in seconds). The regions of the ``"path"`` and ``"standard"`` plans are
+candidates too, so the optimum is never worse than theirs under the estimate; and
+if either met the limit more cheaply than anything the solver found (the estimate
+misjudged, or the time limit stopped it), that plan is returned, marked
+``status="heuristic"``.
 
 So the result is optimal over *one-level regions built from these candidates,
 under the linear memory estimate*, on the given schedule; it is not optimal over
@@ -82,7 +86,9 @@ from ..options import RematOptions
 from ..plan import PlanError, Region, convex_hull
 from ..simulate import Timeline, simulate
 from .greedy import PlanResult, evaluate, op_cost
+from .path import plan_path
 from .recomputable import recomputable
+from .standard import plan_standard
 
 __all__ = ["plan_optimal", "OptimalResult", "Candidate", "candidates"]
 
@@ -102,7 +108,10 @@ class OptimalResult(PlanResult):
       status: ``"optimal"`` (proven, under the estimate), ``"time_limit"`` (the
         best plan found when the time limit stopped the solver; see ``gap``),
         ``"infeasible"`` (no selection meets the limit: the plan with the least
-        estimated peak instead), or ``"no_candidates"``.
+        estimated peak instead), ``"heuristic"`` (the plan of ``"path"`` or
+        ``"standard"``, whose regions are candidates too, met the limit and was
+        cheaper than anything the solver found: the estimate misjudged a
+        selection, or the time limit stopped it), or ``"no_candidates"``.
       gap: the proven relative gap of the last solve, ``(cost - bound) / cost``
         (0.0 when optimal; None when nothing was solved).
       bound: the solver's lower bound on the recompute cost (``flops + 10 *
@@ -164,8 +173,10 @@ def _anchors(graph: Graph, schedule: Sequence[int], fused: list[bool]) -> list[i
 
 
 def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
-               options: RematOptions) -> list[Candidate]:
-    """Every candidate drop of ``graph`` over ``schedule`` (see the module docstring).
+               options: RematOptions, seeds: Sequence[Region] = ()
+               ) -> list[Candidate]:
+    """Every candidate drop of ``graph`` over ``schedule`` (see the module
+    docstring), and one per region of ``seeds``.
 
     >>> from remat.core.graph import GraphBuilder
     >>> b = GraphBuilder()
@@ -285,6 +296,24 @@ def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
                         if depth == 1:
                             shallow.add(len(found))
                         found.append(c)
+    # The regions of the heuristics' plans, as candidates: under the estimate,
+    # the optimum is then never worse than theirs.
+    for region in seeds:
+        if not region.consumers:
+            continue
+        chain = set(region.recompute)
+        t = min(position[u] for u in region.consumers)
+        roots = {w for o in chain for w in ops[o].inputs
+                 if values[w].producer not in chain}
+        if any(not available(w, t) and values[w].producer is None for w in roots):
+            continue
+        c = _candidate(graph, region.recompute[0], t, chain, roots, position, anchor,
+                       available, resident, inputs, outputs, None,
+                       served=set(region.consumers))
+        key = (c.t, c.chain, c.freed)
+        if c.freed and key not in seen:
+            seen.add(key)
+            found.append(c)
     # A value another chain reads at step s can still be freed, from s on: add
     # those later starts to the depth-1 candidates that free one value.
     read_at: dict[int, set[int]] = {}
@@ -306,22 +335,25 @@ def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
 
 
 def _candidate(graph, v, t, chain, roots, position, anchor, available, resident,
-               inputs, outputs, only) -> Candidate:
+               inputs, outputs, only, served=None) -> Candidate:
     """The candidate rebuilding ``chain`` at ``t``; with ``only``, just those
-    values are handed to later readers (the rest of the chain is transient)."""
+    values are handed to later readers (the rest of the chain is transient); with
+    ``served``, those are the readers, and a value is freed only if they are all
+    its later readers."""
     freed = []
     other = 0
-    consumers: set[int] = set()
+    consumers: set[int] = set(served or ())
     for op in chain:
         for w in graph.ops[op].outputs:
             readers = graph.users[w]
-            if only is None or w in only:
-                consumers.update(u for u in readers
-                                 if position[u] >= t and u not in chain)
+            late = [u for u in readers if position[u] >= t and u not in chain]
+            if served is None and (only is None or w in only):
+                consumers.update(late)
             if resident[w] == 0:
                 continue
             if (w in outputs or w in inputs or not available(w, t)
-                    or (only is not None and w not in only)):
+                    or (only is not None and w not in only)
+                    or (served is not None and not set(late) <= consumers)):
                 other += resident[w]        # only held while the chain runs
                 continue
             # an original reader that is recomputed now feeds nobody: it runs
@@ -522,7 +554,10 @@ def plan_optimal(graph: Graph, schedule: Sequence[int],
     limit = options.memory_limit_bytes
     clock = time.perf_counter()
     baseline = simulate(graph, schedule)
-    cands = candidates(graph, schedule, baseline, options)
+    heuristics = [heuristic(graph, schedule, options)
+                  for heuristic in (plan_path, plan_standard)]
+    seeds = [r for h in heuristics for r in h.regions]
+    cands = candidates(graph, schedule, baseline, options, seeds)
     program = _Program(baseline, cands)
     say = log.info if options.verbose else log.debug
     say("remat optimal: %d ops, %d candidates, %d exclusive groups, %d conflicts "
@@ -614,4 +649,18 @@ def plan_optimal(graph: Graph, schedule: Sequence[int],
                       bound=None)
         say("remat optimal: limit %d bytes out of reach (%s); least peak found %d",
             limit, best.status, tl.peak_bytes)
+    known = [h for h in heuristics if h.met]
+    if known:
+        cheapest = min(known, key=lambda h: h.extra_flops)
+        if not best.met or cheapest.extra_flops < best.extra_flops:
+            # A heuristic's plan (its regions are candidates too) beats every
+            # selection the solver found or proved under the estimate.
+            say("remat optimal: keeping a heuristic's plan (%s)", best.status)
+            best = result(cheapest.regions, cheapest.rewritten, cheapest.timeline,
+                          status="heuristic", gap=None, bound=bound)
+    elif not best.met:      # out of reach: the least simulated peak known
+        lowest = min(heuristics, key=lambda h: h.timeline.peak_bytes)
+        if lowest.timeline.peak_bytes < best.timeline.peak_bytes:
+            best = result(lowest.regions, lowest.rewritten, lowest.timeline,
+                          status=best.status, gap=None, bound=None)
     return dataclasses.replace(best, solve_seconds=solve_s, rounds=rounds)
