@@ -159,3 +159,19 @@ def test_plan_report():
   assert "met" in str(plan) and plan.extra_flops > 0
   assert all(" from " in line for line in plan.recomputed)
   assert "test_auto.py" in "".join(plan.recomputed)
+
+
+def test_retry_orders_start_with_the_chosen_one():
+  from remat._jax.auto import _graph_of, _schedules, _trace
+  from remat._jax.inline import inline_calls
+  from remat.core.schedulers import get_scheduler
+  from remat.core.simulate import check_schedule
+  ws, x = _inputs(7)
+  closed, _ = _trace(jax.grad(_loss), (ws, x), {})
+  graph = _graph_of(inline_calls(closed))
+  orders = _schedules(graph, "best")
+  assert orders[0] == get_scheduler("best")(graph)
+  assert len(set(orders)) == len(orders) >= 1
+  for order in orders:
+    check_schedule(graph, order)
+  assert _schedules(graph, "dfs") == [get_scheduler("dfs")(graph)]
