@@ -310,7 +310,8 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
   if isinstance(limit, float):
     limit = int(baseline.argument + baseline.output - baseline.alias +
                 limit * baseline.temp)
-  best = None
+  lowest = None          # the plan with the least XLA footprint
+  met: list[Plan] = []
   floors = []
   attempts = 0
   for schedule in schedules:
@@ -322,8 +323,10 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     planning += time.perf_counter() - t
     cap = settings.small_node_bytes
     stalls = 0
-    for attempt in range(_RETRIES):
-      if attempts == _MAX_ATTEMPTS:
+    missed_target = None
+    refined = False
+    for attempt in range(_RETRIES + 1):
+      if attempts == _MAX_ATTEMPTS or (attempt == _RETRIES and not refined):
         break
       attempts += 1
       t = time.perf_counter()
@@ -341,11 +344,21 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
       log.debug("remat: order %d attempt %d: target %d (model), small %d, model peak "
                 "%d, XLA %d, limit %d", schedules.index(schedule), attempt, target,
                 small, result.timeline.peak_bytes, plan.planned.total, limit)
-      progress = best is None or plan.planned.total < best.planned.total
+      progress = lowest is None or plan.planned.total < lowest.planned.total
       if progress:
-        best = plan
+        lowest = plan
       if plan.met:
+        met.append(plan)
+        # Aiming lower overshot: one more plan halfway back to the last miss,
+        # which recomputes less if it fits.
+        if (missed_target is not None and not refined and
+            attempts < _MAX_ATTEMPTS and plan.planned.total < 0.97 * limit):
+          refined = True
+          target = (target + missed_target) // 2
+          continue
         break
+      if refined:
+        break     # the halfway plan missed: the met one stays
       if not result.met:
         floor = planner_floor(graph, timeline, small, may_recompute(settings.algorithm))
         temps = timeline.peak_bytes - timeline.input_bytes - timeline.output_bytes
@@ -360,9 +373,11 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
       # that did not lower XLA's figure.
       stalls += not progress
       step = (1.0 + 0.5 * attempt) * 1.5 ** stalls
+      missed_target = target
       target -= int((plan.planned.total - limit) * to_model * step) + 1
-    if best.met:
+    if met:
       break
+  best = min(met, key=lambda p: p.extra_flops) if met else lowest
   best = dataclasses.replace(best, plan_seconds=planning)
   _dump(best, settings)
   if not best.met:

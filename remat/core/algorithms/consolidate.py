@@ -9,8 +9,8 @@ first rebuild to the last reader: less compute, more memory.
 
 :func:`merge_regions` tries such merges, the pair sharing the most recompute
 cost first, and keeps each merge after which the rewritten program, simulated
-for real, is still within the limit. It stops when no pair shares cost, when
-``max_trials`` merges were tried, or when the time budget is spent.
+for real, is still within the limit. It stops when no pair shares cost or when
+``max_trials`` merges were tried.
 
 Example::
 
@@ -31,7 +31,6 @@ Example::
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 from ..graph import Graph
@@ -56,15 +55,13 @@ def _peak(graph: Graph, schedule: Sequence[int], regions: Sequence[Region]) -> i
 
 
 def merge_regions(graph: Graph, schedule: Sequence[int], regions: Sequence[Region],
-                  limit_bytes: int, max_trials: int = 200,
-                  seconds: float = float("inf")) -> list[Region]:
+                  limit_bytes: int, max_trials: int = 200) -> list[Region]:
     """``regions`` with pairs that share recomputed ops merged, as long as the
     simulated peak of the rewritten program stays within ``limit_bytes``."""
     regions = list(regions)
     rejected: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
-    deadline = time.perf_counter() + seconds
     trials = 0
-    while trials < max_trials and time.perf_counter() < deadline:
+    while trials < max_trials:
         best = None
         for i in range(len(regions)):
             rec_i = set(regions[i].recompute)
