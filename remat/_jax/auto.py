@@ -374,7 +374,7 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
       stalls += not progress
       step = (1.0 + 0.5 * attempt) * 1.5 ** stalls
       missed_target = target
-      target -= int((plan.planned.total - limit) * to_model * step) + 1
+      target = max(target - int((plan.planned.total - limit) * to_model * step) - 1, 0)
     if met:
       break
   best = min(met, key=lambda p: p.extra_flops) if met else lowest
