@@ -35,7 +35,7 @@ from remat.core.memlog import format_bytes, memlog
 from remat.core.bounds import planner_floor
 from remat.core.options import DEFAULT_SMALL_NODE_BYTES, RematOptions, parse_bytes
 from remat.core.schedulers import get_scheduler
-from remat.core.schedulers.best import CANDIDATES as SCHEDULE_CANDIDATES
+from remat.core.schedulers.best import ranked_schedules
 from remat.core.simulate import simulate
 
 log = logging.getLogger("remat")
@@ -282,17 +282,14 @@ def _small_node_bytes(graph: Graph, timeline, target: int, settings: _Settings,
 
 
 def _schedules(graph: Graph, name: str) -> list[tuple[int, ...]]:
-  """The orders to plan on, in turn. ``"best"``: the lowest simulated peak first,
-  then the other candidates' distinct orders. XLA reorders whatever the regions
-  leave free, and how well a plan survives that depends on the order it was made
-  for (ResNet-50 at 50%: plans made on the list order meet the limit with a few
-  percent more FLOPs; those made on the lowest-peak order miss it)."""
-  first = get_scheduler(name)(graph)
+  """The orders to plan on, in turn. ``"best"``: the candidates' distinct orders,
+  lowest simulated peak first. XLA reorders whatever the regions leave free, and
+  how well a plan survives that depends on the order it was made for (ResNet-50
+  at 50%: plans made on the list order meet the limit with a few percent more
+  FLOPs; those made on the lowest-peak order miss it)."""
   if name != "best":
-    return [first]
-  others = [s(graph) for s in SCHEDULE_CANDIDATES]
-  return [first] + [s for k, s in enumerate(others)
-                    if s != first and s not in others[:k]]
+    return [get_scheduler(name)(graph)]
+  return [schedule for schedule, _ in ranked_schedules(graph)]
 
 
 def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:

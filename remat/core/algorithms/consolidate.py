@@ -36,12 +36,9 @@ from collections.abc import Sequence
 from ..graph import Graph
 from ..plan import PlanError, Region, apply_plan
 from ..simulate import simulate
+from .cost import op_cost
 
 __all__ = ["merge_regions"]
-
-
-def _cost(graph: Graph, ops) -> float:
-    return sum(graph.ops[o].flops + 10.0 * graph.ops[o].transcendentals for o in ops)
 
 
 def _merged(a: Region, b: Region) -> Region:
@@ -73,7 +70,7 @@ def merge_regions(graph: Graph, schedule: Sequence[int], regions: Sequence[Regio
                        regions[j].recompute + (-1,) + regions[j].consumers)
                 if key in rejected:
                     continue
-                saving = _cost(graph, shared)
+                saving = sum(op_cost(graph, o) for o in shared)
                 if saving > 0 and (best is None or saving > best[0]):
                     best = (saving, i, j, key)
         if best is None:

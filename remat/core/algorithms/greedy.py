@@ -21,8 +21,7 @@ that region also serves the value's own readers (a *segment*: one recomputation,
 held longer). The engine plans both ways and keeps the cheaper plan that meets the
 limit.
 
-Cost of an op: ``flops + 10 * transcendentals`` (the weighting of the seed's
-"path" algorithm).
+Cost of an op: ``flops + 10 * transcendentals`` (``cost.py``).
 """
 
 from __future__ import annotations
@@ -37,17 +36,13 @@ from ..options import RematOptions
 from ..plan import PlanError, Region, Rewritten, apply_plan
 from ..simulate import Timeline, simulate
 from .consolidate import merge_regions
+from .cost import op_cost
 
 __all__ = ["PlanResult", "Strategy", "Drop", "run_greedy", "op_cost", "evaluate",
            "Estimate", "give_back", "best_of"]
 
 #: Times the engine re-aims when the real simulation misses the estimate.
 _REAIM = 4
-
-
-def op_cost(graph: Graph, op_id: int) -> float:
-    op = graph.ops[op_id]
-    return op.flops + 10.0 * op.transcendentals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +160,10 @@ class Estimate:
                 self.anchor[op] = max(self.anchor[u] for v in outs
                                       for u in graph.users[v])
 
+    def joins(self, extends: Sequence[int]) -> bool:
+        """Whether a drop extending these drops joins the one region (a segment)."""
+        return self.merge_segments and len(extends) == 1
+
     def peak(self) -> tuple[int, int]:
         """``(bytes, step)`` of the highest step (or recomputation before it)."""
         step = int(np.argmax(self.live)) if len(self.live) else -1
@@ -198,7 +197,7 @@ class Estimate:
         self.drops.append(d)
         index = len(self.drops) - 1
         self.extended.update(d.extends)
-        if self.merge_segments and len(d.extends) == 1:
+        if self.joins(d.extends):
             (k,) = d.extends
             old = self.drops[k]
             self.drops[k] = dataclasses.replace(
@@ -275,7 +274,7 @@ def _drop_for(est: Estimate, v: int, peak: int, depth: int, strategy: Strategy,
         return None
     nbytes = graph.values[v].nbytes
     chain_cost = sum(op_cost(graph, o) for o in chain)
-    if est.merge_segments and len(extends) == 1:
+    if est.joins(extends):
         # joins the one region that needs it: one rebuild, held for its readers
         return Drop(v, chain, tuple(sorted(late)), early_end, first_late, nbytes,
                     chain_cost, tuple(extends), first_late)
@@ -290,7 +289,7 @@ def _drop_for(est: Estimate, v: int, peak: int, depth: int, strategy: Strategy,
 def _with_transients(est: Estimate, d: Drop) -> Drop:
     """``d`` with the bytes each rebuild holds (worked out only for the drops
     actually tried: it is the costly part)."""
-    if est.merge_segments and len(d.extends) == 1:
+    if est.joins(d.extends):
         served = set(d.consumers) | set(est.drops[d.extends[0]].consumers)
         held = d.nbytes + _rebuild_peak(est, d.chain, d.value, served)
         return dataclasses.replace(d, transients=((d.first_late, held),))

@@ -13,7 +13,8 @@ from .dfs import dfs_schedule
 from .list import list_schedule
 from .postorder import postorder_schedule
 
-__all__ = ["best_schedule", "best_schedule_and_timeline", "CANDIDATES"]
+__all__ = ["best_schedule", "best_schedule_and_timeline", "ranked_schedules",
+           "CANDIDATES"]
 
 #: The schedulers ``best_schedule`` tries, in tie-breaking order.
 CANDIDATES = (list_schedule, dfs_schedule, postorder_schedule)
@@ -37,12 +38,19 @@ def best_schedule_and_timeline(graph: Graph, *, reuse_result_buffers: bool = Fal
                                ) -> tuple[tuple[int, ...], Timeline]:
     """:func:`best_schedule` and its simulated timeline (saves a simulation);
     ``reuse_result_buffers`` is passed to ``simulate``."""
-    best: tuple[tuple[int, ...], Timeline] | None = None
+    return ranked_schedules(graph, reuse_result_buffers=reuse_result_buffers)[0]
+
+
+def ranked_schedules(graph: Graph, *, reuse_result_buffers: bool = False
+                     ) -> list[tuple[tuple[int, ...], Timeline]]:
+    """The candidates' distinct schedules with their timelines, lowest simulated
+    peak first (ties in :data:`CANDIDATES` order)."""
+    ranked: list[tuple[tuple[int, ...], Timeline]] = []
     for scheduler in CANDIDATES:
         schedule = scheduler(graph)
-        timeline = simulate(graph, schedule, check=False,
-                            reuse_result_buffers=reuse_result_buffers)
-        if best is None or timeline.peak_bytes < best[1].peak_bytes:
-            best = schedule, timeline
-    assert best is not None
-    return best
+        if any(schedule == seen for seen, _ in ranked):
+            continue
+        ranked.append((schedule, simulate(graph, schedule, check=False,
+                                          reuse_result_buffers=reuse_result_buffers)))
+    ranked.sort(key=lambda pair: pair[1].peak_bytes)   # stable: ties keep the order
+    return ranked
