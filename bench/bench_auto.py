@@ -27,6 +27,7 @@ import numpy as np
 
 import remat
 from bench import models
+from bench.output import result_file
 
 MODELS = {
     "mlp_chain": models.mlp_chain,
@@ -143,12 +144,10 @@ def main() -> None:
   for name in args.models.split(","):
     rows += run_model(name, args.algorithms.split(","),
                       [float(x) for x in args.limits.split(",")], args.rounds)
-  out = pathlib.Path(__file__).parent / "results"
-  out.mkdir(exist_ok=True)
-  (out / "auto.md").write_text(
+  result_file("auto").write_text(
       f"Device: {jax.default_backend()}, jax {jax.__version__}; median of "
       f"{args.rounds} steps.\n\n{HEADER}\n" + "\n".join(_line(r) for r in rows) + "\n")
-  plot(rows, out / "auto.png")
+  plot(rows, result_file("auto", ".png"))
 
 
 if __name__ == "__main__":

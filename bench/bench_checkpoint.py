@@ -14,7 +14,6 @@ Run from the repository root: ``python -m bench.bench_checkpoint``
 from __future__ import annotations
 
 import argparse
-import pathlib
 import time
 
 import jax
@@ -22,6 +21,7 @@ import numpy as np
 
 import remat
 from bench import models
+from bench.output import result_file
 
 VARIANTS = {
     "no remat": lambda f: f,
@@ -93,10 +93,9 @@ def main() -> None:
   results = {name: compare(make, args.rounds) for name, make in MODELS.items()}
   text = table(results)
   print(text)
-  out = pathlib.Path(__file__).parent / "results" / "checkpoint.md"
-  out.parent.mkdir(exist_ok=True)
-  out.write_text(f"Device: {jax.devices()[0].device_kind} ({jax.default_backend()}), "
-                 f"jax {jax.__version__}, median of {args.rounds} steps.\n\n{text}\n")
+  result_file("checkpoint").write_text(
+      f"Device: {jax.devices()[0].device_kind} ({jax.default_backend()}), "
+      f"jax {jax.__version__}, median of {args.rounds} steps.\n\n{text}\n")
 
 
 if __name__ == "__main__":

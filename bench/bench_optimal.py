@@ -23,7 +23,6 @@ Run from the repository root: ``python -m bench.bench_optimal``. Writes
 from __future__ import annotations
 
 import argparse
-import pathlib
 
 import time
 
@@ -31,6 +30,7 @@ import jax
 
 import remat
 from bench import models
+from bench.output import result_file
 from remat._jax.auto import _graph_of, _trace
 from remat._jax.inline import inline_calls
 from remat.core.algorithms import get_algorithm
@@ -122,8 +122,6 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=5)
   args = parser.parse_args()
   limits = tuple(float(x) for x in args.limits.split(","))
-  out = pathlib.Path(__file__).parent / "results"
-  out.mkdir(exist_ok=True)
   lines, details, planner = [], [], []
   for name in PROGRAMS:
     planner += planner_rows(name, [float(x) for x in args.planner_limits.split(",")])
@@ -133,7 +131,7 @@ def main() -> None:
     p = run(name, limits, args.rounds)
     lines += comparison(name, p, limits)
     details.append(f"### {name}\n\n{p.to_markdown()}")
-    p.plot(out / f"optimal_{k}.png", title=name)
+    p.plot(result_file(f"optimal_{k}", ".png"), title=name)
     print("\n".join(lines[-len(limits) * len(ALGORITHMS):]), flush=True)
   text = (f"Device: {jax.default_backend()}, jax {jax.__version__}; XLA's figures; "
           f"median of {args.rounds} steps, variants timed in turn; "
@@ -142,7 +140,7 @@ def main() -> None:
           "\n\nXLA (compiled footprint, cost_analysis FLOPs, measured time):\n\n" +
           HEADER + "\n" + "\n".join(lines) +
           "\n\n" + "\n".join(details))
-  (out / "optimal.md").write_text(text)
+  result_file("optimal").write_text(text)
   print(text)
 
 

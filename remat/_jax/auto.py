@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import pathlib
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,24 +49,57 @@ class MemoryLimitError(ValueError):
   """The memory limit cannot be met by rematerialization."""
 
 
+# A library call's workspace in optimized HLO: a byte array in the result tuple of
+# a custom call (cuBLAS and cuDNN calls on GPU: ``(f32[...], s8[33554432]) custom-call``).
+_CUSTOM_CALL = re.compile(r"= \((.*)\) custom-call\(")
+_BYTE_ARRAY = re.compile(r"\b[su]8\[(\d+)\]")
+
+
+def library_scratch_bytes(hlo_text: str) -> int:
+  """The largest workspace a library call of an optimized HLO module asks for.
+
+  XLA:GPU gives each cuBLAS/cuDNN call a scratch buffer (32 MiB per matmul on
+  Hopper) and counts it in the temporaries; the calls run one at a time and share
+  it, and no rematerialization makes it smaller.
+
+  >>> library_scratch_bytes("%c = (f32[8]{0}, s8[1024]{0}) custom-call(%a), "
+  ...                       'custom_call_target="__cublas$gemm"')
+  1024
+  """
+  return max((int(n) for line in _CUSTOM_CALL.findall(hlo_text)
+              for n in _BYTE_ARRAY.findall(line)), default=0)
+
+
 @dataclasses.dataclass(frozen=True)
 class XlaFootprint:
-  """XLA's memory figures of a compiled program, in bytes."""
+  """XLA's memory figures of a compiled program, in bytes.
+
+  ``scratch`` is the part of ``temp`` that library calls use as workspace
+  (:func:`library_scratch_bytes`): fixed whatever is recomputed.
+  """
   argument: int
   output: int
   temp: int
   alias: int
+  scratch: int = 0
 
   @property
   def total(self) -> int:
     """What the program needs: arguments + outputs + temporaries - aliased."""
     return self.argument + self.output + self.temp - self.alias
 
+  @property
+  def fixed(self) -> int:
+    """What no rematerialization changes: arguments, outputs (less aliased
+    bytes) and library scratch."""
+    return self.argument + self.output - self.alias + self.scratch
+
   @classmethod
   def of(cls, compiled) -> "XlaFootprint":
     m = compiled.memory_analysis()
     return cls(m.argument_size_in_bytes, m.output_size_in_bytes,
-               m.temp_size_in_bytes, m.alias_size_in_bytes)
+               m.temp_size_in_bytes, m.alias_size_in_bytes,
+               min(library_scratch_bytes(compiled.as_text()), m.temp_size_in_bytes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,13 +291,21 @@ def _lower_bound(graph: Graph) -> int:
 
 
 def _in_xla_bytes(model_bytes: int, timeline, baseline: XlaFootprint) -> int:
-  """A footprint of our model in XLA's terms: arguments and outputs as XLA
-  counts them, temporaries scaled by how XLA's plain program compares with the
-  model's (on the order ``timeline`` is for)."""
+  """A footprint of our model in XLA's terms: arguments, outputs and library
+  scratch as XLA counts them, temporaries scaled by how XLA's plain program
+  compares with the model's (on the order ``timeline`` is for)."""
   fixed = timeline.input_bytes + timeline.output_bytes
   temps = max(timeline.peak_bytes - fixed, 1)
-  xla_fixed = baseline.argument + baseline.output - baseline.alias
-  return int(xla_fixed + max(model_bytes - fixed, 0) * baseline.temp / temps)
+  return int(baseline.fixed +
+             max(model_bytes - fixed, 0) * (baseline.temp - baseline.scratch) / temps)
+
+
+def _limit_bytes(limit: int | float, baseline: XlaFootprint) -> int:
+  """The limit in bytes: as given, or for a fraction, the plain program's fixed
+  bytes plus that fraction of the temporaries that recomputation can shrink."""
+  if isinstance(limit, float):
+    return int(baseline.fixed + limit * (baseline.temp - baseline.scratch))
+  return limit
 
 
 def _small_node_bytes(graph: Graph, timeline, target: int, settings: _Settings,
@@ -303,10 +345,7 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
   planning = time.perf_counter() - start
 
   baseline = XlaFootprint.of(_compile(flat, out_tree, args, kwargs, jit_kwargs))
-  limit = settings.memory_limit
-  if isinstance(limit, float):
-    limit = int(baseline.argument + baseline.output - baseline.alias +
-                limit * baseline.temp)
+  limit = _limit_bytes(settings.memory_limit, baseline)
   lowest = None          # the plan with the least XLA footprint
   met: list[Plan] = []
   floors = []
@@ -314,9 +353,10 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
   for schedule in schedules:
     t = time.perf_counter()
     timeline = simulate(graph, schedule, check=False)
-    # Plan in our model's units: scale XLA's limit by how our model reads XLA.
-    to_model = timeline.peak_bytes / max(baseline.total, 1)
-    target = int(limit * to_model)
+    # Plan in our model's units: scale XLA's limit by how our model reads XLA
+    # (library scratch, which the model does not see, left out of both).
+    to_model = timeline.peak_bytes / max(baseline.total - baseline.scratch, 1)
+    target = max(int((limit - baseline.scratch) * to_model), 0)
     planning += time.perf_counter() - t
     cap = settings.small_node_bytes
     stalls = 0
@@ -367,11 +407,16 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
         break   # our model already says the target is out of reach here
       # XLA needs more than the model predicted: aim lower by the miss (in model
       # units), by more each time, and half as much again after each attempt
-      # that did not lower XLA's figure.
+      # that did not lower XLA's figure; by at least 1% of the temporaries
+      # (doubled per stall), since a tiny miss aimed at by a tiny step gives the
+      # same plan again.
       stalls += not progress
       step = (1.0 + 0.5 * attempt) * 1.5 ** stalls
+      least = 0.01 * (timeline.peak_bytes - timeline.input_bytes -
+                      timeline.output_bytes) * 2 ** stalls
       missed_target = target
-      target = max(target - int((plan.planned.total - limit) * to_model * step) - 1, 0)
+      miss = (plan.planned.total - limit) * to_model * step
+      target = max(target - int(max(miss, least)) - 1, 0)
     if met:
       break
   best = min(met, key=lambda p: p.extra_flops) if met else lowest
@@ -394,8 +439,11 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
         "figures); no rematerialization at "
         f"all goes below about "
         f"{format_bytes(_in_xla_bytes(_lower_bound(graph), timeline, baseline))} "
-        "(inputs, outputs and the largest single operation). Raise the limit, try "
-        "another algorithm, or lower small_node_limit.")
+        "(inputs, outputs and the largest single operation)" + (
+            f"; both include {format_bytes(baseline.scratch)} of library scratch "
+            "(workspace of cuBLAS/cuDNN calls), which recomputation does not shrink"
+            if baseline.scratch else "") +
+        ". Raise the limit, try another algorithm, or lower small_node_limit.")
   return best
 
 
@@ -477,7 +525,9 @@ def jit(fun: Callable, *, memory_limit: Any = _UNSET, algorithm: str = _UNSET,
     memory_limit: the footprint XLA may use (arguments + outputs + temporaries -
       aliased bytes, as ``compile().memory_analysis()`` reports): an int (bytes),
       a string (``"512MiB"``, ``"2GiB"``), or a float in (0, 1]: the program's own
-      arguments and outputs plus that fraction of its temporaries without remat.
+      arguments and outputs plus that fraction of its temporaries without remat
+      (library scratch, such as XLA:GPU's cuBLAS workspace, is kept whole: it
+      does not shrink with recomputation).
     algorithm: ``"path"`` (default), ``"standard"``, ``"compress"``,
       ``"standardcompress"`` or ``"optimal"`` (the least recompute by integer
       programming, for programs of a few hundred ops; its time limit is

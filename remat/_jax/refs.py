@@ -20,7 +20,6 @@ The body is traced once either way; the rewrite works on its jaxpr.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from remat._jax.compat import (AbstractRef, AccumEffect, WriteEffect, core, effects,

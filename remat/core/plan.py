@@ -36,7 +36,7 @@ import dataclasses
 import heapq
 from typing import Sequence
 
-from .graph import Graph, GraphBuilder, Op
+from .graph import Graph, GraphBuilder
 
 __all__ = ["Region", "Rewritten", "PlanError", "apply_plan", "convex_hull"]
 

@@ -9,6 +9,7 @@ import pytest
 
 import remat
 from remat._flags import parse_flags
+from remat._jax import auto
 
 LAYERS, BATCH, WIDTH = 12, 1024, 128
 
@@ -47,7 +48,8 @@ def test_limit_met_and_gradients_unchanged(plain, algorithm):
   # XLA's own figure, from a fresh compile of what remat.jit lowers:
   compiled = step.lower(ws, x).compile()
   assert _footprint(compiled) <= plan.limit_bytes < _footprint(plain)
-  assert "conditional" in compiled.as_text()
+  if jax.default_backend() == "cpu":      # elsewhere the regions lower to barriers
+    assert "conditional" in compiled.as_text()
   loss, grads = step(ws, x)
   want_loss, want = plain(ws, x)
   np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
@@ -175,3 +177,17 @@ def test_retry_orders_start_with_the_chosen_one():
   for order in orders:
     check_schedule(graph, order)
   assert _schedules(graph, "dfs") == [get_scheduler("dfs")(graph)]
+
+
+def test_library_scratch_is_kept_whole_in_fractions():
+  # XLA:GPU's cuBLAS workspace as it appears in optimized HLO; none on the CPU.
+  hlo = ('%custom-call.1 = (f32[1024,128]{1,0}, s8[33554432]{0}) custom-call(%a, %b), '
+         'custom_call_target="__cublas$lt$matmul"\n'
+         '%custom-call.2 = (f32[8]{0}, s8[1024]{0}) custom-call(%c)\n'
+         '%fusion = s8[99999999]{0} fusion(%d)\n')
+  assert auto.library_scratch_bytes(hlo) == 33554432
+  assert auto.library_scratch_bytes("%d = f32[8]{0} custom-call(%a)") == 0
+  fp = auto.XlaFootprint(argument=10, output=20, temp=1000, alias=5, scratch=400)
+  assert fp.fixed == 10 + 20 - 5 + 400 and fp.total == 1025
+  assert auto._limit_bytes(0.5, fp) == fp.fixed + 300
+  assert auto._limit_bytes(777, fp) == 777

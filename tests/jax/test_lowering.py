@@ -54,21 +54,33 @@ def test_recomputation_is_in_the_optimized_hlo(compiled, strategy):
   plain, ours = c["plain"].as_text(), c[strategy].as_text()
   # The forward segments run again inside the backward: one more dot per layer.
   assert _count(ours, "dot") >= _count(plain, "dot") + LAYERS
-  kind = "while" if strategy == "while" else "conditional"
-  assert _count(ours, kind) >= LAYERS // SEGMENT
+  if strategy == "default":
+    strategy_used = default_strategy(jax.default_backend())
+  else:
+    strategy_used = strategy
+  if strategy_used != "barrier":       # a barrier leaves no op of its own behind
+    kind = "while" if strategy_used == "while" else "conditional"
+    assert _count(ours, kind) >= LAYERS // SEGMENT
   flops = lambda k: c[k].cost_analysis()["flops"]
   assert flops(strategy) > 1.2 * flops("plain")
 
 
+ON_CPU = jax.default_backend() == "cpu"
+
+
 # The loop carries its operands and zero-initialised outputs, so it saves less.
-@pytest.mark.parametrize("strategy,bound", [("cond", 0.65), ("default", 0.65),
-                                            ("while", 0.9)])
-def test_memory_drops_on_cpu(compiled, strategy, bound):
+# XLA:GPU keeps a little more around the regions (0.66 of plain measured on an
+# H100 for the conditional, the barrier and the default).
+@pytest.mark.parametrize("strategy,bound", [
+    ("cond", 0.65 if ON_CPU else 0.7), ("default", 0.65 if ON_CPU else 0.7),
+    ("while", 0.9)])
+def test_memory_drops(compiled, strategy, bound):
   _, _, c = compiled
   temp = lambda k: c[k].memory_analysis().temp_size_in_bytes
   assert temp(strategy) <= bound * temp("plain"), (temp(strategy), temp("plain"))
 
 
+@pytest.mark.skipif(not ON_CPU, reason="XLA:GPU and XLA:TPU honour the barrier")
 def test_barrier_is_undone_by_xla_cpu(compiled):
   # Documents the compiler behaviour the conditional exists for (design notes,
   # fact 1): on CPU, barriers are removed and CSE merges the recomputation back.
