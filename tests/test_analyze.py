@@ -38,6 +38,9 @@ def test_report_fields_and_dumps(tmp_path):
     assert len(report.timeline.schedule) == len(report.graph.ops)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="the memory model is XLA:CPU's (0.55x of XLA:GPU's peak "
+                    "here, measured on an H100)")
 def test_prediction_is_close_to_xla_on_a_small_mlp_gradient():
     ws = [jnp.ones((256, 256)) * 0.01 for _ in range(6)]
     x = jnp.ones((512, 256))
