@@ -41,7 +41,8 @@ from remat.core.simulate import simulate
 
 log = logging.getLogger("remat")
 
-_RETRIES = 5        # plans per schedule, each aiming lower after XLA's miss
+_RETRIES = 5        # plans per order aiming lower after XLA's misses
+_REFINES = 2        # plans per order bisecting back towards the limit after an overshoot
 _MAX_ATTEMPTS = 8   # plans (and compiles) in all
 
 
@@ -334,6 +335,112 @@ def _schedules(graph: Graph, name: str) -> list[tuple[int, ...]]:
   return [schedule for schedule, _ in ranked_schedules(graph)]
 
 
+@dataclasses.dataclass
+class _Search:
+  """The plans tried for one program, each planned on one order, rewritten,
+  compiled and read back in XLA's figures (at most ``_MAX_ATTEMPTS``).
+
+  On each order the planning target starts at the limit in model units. While
+  XLA misses the limit the target drops by the miss, by more each attempt and
+  after each attempt that did not lower XLA's figure. Once a plan meets it with
+  room to spare (aiming lower overshot), the target is bisected between that plan
+  and the last miss, up to ``_REFINES`` times, since a plan nearer the limit
+  recomputes less. The first order with a met plan ends the search; the met plan
+  with the least recompute is the answer.
+  """
+  flat: core.ClosedJaxpr
+  graph: Graph
+  out_tree: Any
+  call: tuple           # (args, kwargs, jit_kwargs) to compile with
+  settings: _Settings
+  baseline: XlaFootprint
+  limit: int
+  planning: float       # seconds so far (planning and rewriting only)
+  attempts: int = 0
+  met: list = dataclasses.field(default_factory=list)
+  lowest: Plan | None = None     # the plan with the least XLA footprint
+  floors: list = dataclasses.field(default_factory=list)
+
+  def try_plan(self, schedule, target: int, small: int) -> Plan:
+    """Plans for ``target`` (model bytes) on ``schedule``; XLA's verdict."""
+    self.attempts += 1
+    t = time.perf_counter()
+    s = self.settings
+    options = RematOptions(target, s.algorithm, s.scheduler, small,
+                           solver_seconds=s.solver_seconds)
+    with gc_paused():
+      result = get_algorithm(s.algorithm)(self.graph, schedule, options)
+      rewritten = core.ClosedJaxpr(rewrite_jaxpr(self.flat.jaxpr, result.rewritten),
+                                   self.flat.consts)
+    self.planning += time.perf_counter() - t
+    compiled = _compile(rewritten, self.out_tree, *self.call)
+    plan = Plan(self.limit, self.baseline, XlaFootprint.of(compiled), result,
+                self.graph, rewritten, self.planning, self.out_tree, compiled, small)
+    log.debug("remat: attempt %d: target %d (model), small %d, model peak %d, XLA "
+              "%d, limit %d", self.attempts, target, small,
+              result.timeline.peak_bytes, plan.planned.total, self.limit)
+    if plan.met:
+      self.met.append(plan)
+    if self.lowest is None or plan.planned.total < self.lowest.planned.total:
+      self.lowest = plan
+    return plan
+
+  def on_order(self, schedule) -> None:
+    """Attempts on one order until a plan meets the limit, the model says the
+    limit is out of reach, or the attempts run out."""
+    t = time.perf_counter()
+    graph, settings, limit = self.graph, self.settings, self.limit
+    timeline = simulate(graph, schedule, check=False)
+    temps = timeline.peak_bytes - timeline.input_bytes - timeline.output_bytes
+    # Plan in our model's units: scale XLA's limit by how our model reads XLA
+    # (library scratch, which the model does not see, left out of both).
+    to_model = timeline.peak_bytes / max(self.baseline.total - self.baseline.scratch, 1)
+    target = max(int((limit - self.baseline.scratch) * to_model), 0)
+    self.planning += time.perf_counter() - t
+    cap = settings.small_node_bytes
+    stalls = retries = refines = 0
+    met_target = missed_target = None
+    while self.attempts < _MAX_ATTEMPTS:
+      small = _small_node_bytes(graph, timeline, target, settings, cap)
+      best_before = self.lowest.planned.total if self.lowest else None
+      plan = self.try_plan(schedule, target, small)
+      if plan.met:
+        met_target = target
+      elif refines:
+        missed_target = target
+      if refines or plan.met:
+        # Bisect while a met plan leaves room and the interval is worth it.
+        room = (met_target is not None and missed_target is not None and
+                missed_target - met_target > 0.01 * temps and
+                max(p.planned.total for p in self.met) < 0.97 * limit)
+        if not room or refines == _REFINES:
+          return
+        refines += 1
+        target = (met_target + missed_target) // 2
+        continue
+      if not plan.result.met:
+        floor = planner_floor(graph, timeline, small, may_recompute(settings.algorithm))
+        if (small > 0 and not settings.small_node_given and
+            plan.result.timeline.peak_bytes <= floor + 0.1 * temps):
+          cap = small // 4    # the small values bind: the default gives way further
+          continue
+        self.floors.append(_in_xla_bytes(floor, timeline, self.baseline))
+        return   # our model already says the target is out of reach here
+      if retries == _RETRIES:
+        return
+      # XLA needs more than the model predicted: aim lower by the miss (in model
+      # units), by more each time, and half as much again after each attempt
+      # that did not lower XLA's figure; by at least 1% of the temporaries
+      # (doubled per stall), since a tiny miss aimed at by a tiny step gives the
+      # same plan again.
+      stalls += best_before is not None and plan.planned.total >= best_before
+      step = (1.0 + 0.5 * retries) * 1.5 ** stalls
+      retries += 1
+      missed_target = target
+      miss = (plan.planned.total - limit) * to_model * step
+      target = max(target - int(max(miss, 0.01 * temps * 2 ** stalls)) - 1, 0)
+
+
 def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
   closed, out_tree = _trace(fun, args, kwargs)
   start = time.perf_counter()     # tracing is not planning: jax.jit traces too
@@ -341,84 +448,18 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     flat = inline_calls(closed)
     graph = _graph_of(flat)
     schedules = _schedules(graph, settings.scheduler)
-    algorithm = get_algorithm(settings.algorithm)
   planning = time.perf_counter() - start
 
   baseline = XlaFootprint.of(_compile(flat, out_tree, args, kwargs, jit_kwargs))
   limit = _limit_bytes(settings.memory_limit, baseline)
-  lowest = None          # the plan with the least XLA footprint
-  met: list[Plan] = []
-  floors = []
-  attempts = 0
+  search = _Search(flat, graph, out_tree, (args, kwargs, jit_kwargs), settings,
+                   baseline, limit, planning)
   for schedule in schedules:
-    t = time.perf_counter()
-    timeline = simulate(graph, schedule, check=False)
-    # Plan in our model's units: scale XLA's limit by how our model reads XLA
-    # (library scratch, which the model does not see, left out of both).
-    to_model = timeline.peak_bytes / max(baseline.total - baseline.scratch, 1)
-    target = max(int((limit - baseline.scratch) * to_model), 0)
-    planning += time.perf_counter() - t
-    cap = settings.small_node_bytes
-    stalls = 0
-    missed_target = None
-    refined = False
-    for attempt in range(_RETRIES + 1):
-      if attempts == _MAX_ATTEMPTS or (attempt == _RETRIES and not refined):
-        break
-      attempts += 1
-      t = time.perf_counter()
-      small = _small_node_bytes(graph, timeline, target, settings, cap)
-      options = RematOptions(target, settings.algorithm, settings.scheduler, small,
-                             solver_seconds=settings.solver_seconds)
-      with gc_paused():
-        result = algorithm(graph, schedule, options)
-        rewritten = core.ClosedJaxpr(rewrite_jaxpr(flat.jaxpr, result.rewritten),
-                                     flat.consts)
-      planning += time.perf_counter() - t
-      compiled = _compile(rewritten, out_tree, args, kwargs, jit_kwargs)
-      plan = Plan(limit, baseline, XlaFootprint.of(compiled), result, graph,
-                  rewritten, planning, out_tree, compiled, small)
-      log.debug("remat: order %d attempt %d: target %d (model), small %d, model peak "
-                "%d, XLA %d, limit %d", schedules.index(schedule), attempt, target,
-                small, result.timeline.peak_bytes, plan.planned.total, limit)
-      progress = lowest is None or plan.planned.total < lowest.planned.total
-      if progress:
-        lowest = plan
-      if plan.met:
-        met.append(plan)
-        # Aiming lower overshot: one more plan halfway back to the last miss,
-        # which recomputes less if it fits.
-        if (missed_target is not None and not refined and
-            attempts < _MAX_ATTEMPTS and plan.planned.total < 0.97 * limit):
-          refined = True
-          target = (target + missed_target) // 2
-          continue
-        break
-      if refined:
-        break     # the halfway plan missed: the met one stays
-      if not result.met:
-        floor = planner_floor(graph, timeline, small, may_recompute(settings.algorithm))
-        temps = timeline.peak_bytes - timeline.input_bytes - timeline.output_bytes
-        if (small > 0 and not settings.small_node_given and
-            result.timeline.peak_bytes <= floor + 0.1 * temps):
-          cap = small // 4    # the small values bind: the default gives way further
-          continue
-        floors.append(_in_xla_bytes(floor, timeline, baseline))
-        break   # our model already says the target is out of reach here
-      # XLA needs more than the model predicted: aim lower by the miss (in model
-      # units), by more each time, and half as much again after each attempt
-      # that did not lower XLA's figure; by at least 1% of the temporaries
-      # (doubled per stall), since a tiny miss aimed at by a tiny step gives the
-      # same plan again.
-      stalls += not progress
-      step = (1.0 + 0.5 * attempt) * 1.5 ** stalls
-      least = 0.01 * (timeline.peak_bytes - timeline.input_bytes -
-                      timeline.output_bytes) * 2 ** stalls
-      missed_target = target
-      miss = (plan.planned.total - limit) * to_model * step
-      target = max(target - int(max(miss, least)) - 1, 0)
-    if met:
+    search.on_order(schedule)
+    if search.met or search.attempts == _MAX_ATTEMPTS:
       break
+  met, lowest, floors, planning = (search.met, search.lowest, search.floors,
+                                   search.planning)
   best = min(met, key=lambda p: p.extra_flops) if met else lowest
   best = dataclasses.replace(best, plan_seconds=planning)
   _dump(best, settings)
