@@ -42,8 +42,8 @@ from remat.core.simulate import simulate
 log = logging.getLogger("remat")
 
 _RETRIES = 5        # plans per order aiming lower after XLA's misses
-_REFINES = 2        # plans per order bisecting back towards the limit after an overshoot
-_MAX_ATTEMPTS = 8   # plans (and compiles) in all
+_REFINES = 2        # plans bisecting back towards the limit after an overshoot
+_MAX_ATTEMPTS = 8   # plans (and compiles) in all, besides the bisecting ones
 
 
 class MemoryLimitError(ValueError):
@@ -338,7 +338,8 @@ def _schedules(graph: Graph, name: str) -> list[tuple[int, ...]]:
 @dataclasses.dataclass
 class _Search:
   """The plans tried for one program, each planned on one order, rewritten,
-  compiled and read back in XLA's figures (at most ``_MAX_ATTEMPTS``).
+  compiled and read back in XLA's figures (at most ``_MAX_ATTEMPTS``, and
+  ``_REFINES`` more to bisect).
 
   On each order the planning target starts at the limit in model units. While
   XLA misses the limit the target drops by the miss, by more each attempt and
@@ -362,8 +363,21 @@ class _Search:
   floors: list = dataclasses.field(default_factory=list)
 
   def try_plan(self, schedule, target: int, small: int) -> Plan:
-    """Plans for ``target`` (model bytes) on ``schedule``; XLA's verdict."""
+    """One attempt: plans for ``target`` (model bytes) on ``schedule``, and keeps
+    the tally of met and lowest plans."""
     self.attempts += 1
+    plan = self.compiled_plan(schedule, target, small)
+    log.debug("remat: attempt %d: target %d (model), small %d, model peak %d, XLA "
+              "%d, limit %d", self.attempts, target, small,
+              plan.result.timeline.peak_bytes, plan.planned.total, self.limit)
+    if plan.met:
+      self.met.append(plan)
+    if self.lowest is None or plan.planned.total < self.lowest.planned.total:
+      self.lowest = plan
+    return plan
+
+  def compiled_plan(self, schedule, target: int, small: int) -> Plan:
+    """Plans for ``target``, rewrites, compiles: the plan with XLA's figures."""
     t = time.perf_counter()
     s = self.settings
     options = RematOptions(target, s.algorithm, s.scheduler, small,
@@ -374,16 +388,8 @@ class _Search:
                                    self.flat.consts)
     self.planning += time.perf_counter() - t
     compiled = _compile(rewritten, self.out_tree, *self.call)
-    plan = Plan(self.limit, self.baseline, XlaFootprint.of(compiled), result,
+    return Plan(self.limit, self.baseline, XlaFootprint.of(compiled), result,
                 self.graph, rewritten, self.planning, self.out_tree, compiled, small)
-    log.debug("remat: attempt %d: target %d (model), small %d, model peak %d, XLA "
-              "%d, limit %d", self.attempts, target, small,
-              result.timeline.peak_bytes, plan.planned.total, self.limit)
-    if plan.met:
-      self.met.append(plan)
-    if self.lowest is None or plan.planned.total < self.lowest.planned.total:
-      self.lowest = plan
-    return plan
 
   def on_order(self, schedule) -> None:
     """Attempts on one order until a plan meets the limit, the model says the
@@ -400,7 +406,7 @@ class _Search:
     cap = settings.small_node_bytes
     stalls = retries = refines = 0
     met_target = missed_target = None
-    while self.attempts < _MAX_ATTEMPTS:
+    while self.attempts < _MAX_ATTEMPTS + (_REFINES if refines else 0):
       small = _small_node_bytes(graph, timeline, target, settings, cap)
       best_before = self.lowest.planned.total if self.lowest else None
       plan = self.try_plan(schedule, target, small)
@@ -432,7 +438,7 @@ class _Search:
       # units), by more each time, and half as much again after each attempt
       # that did not lower XLA's figure; by at least 1% of the temporaries
       # (doubled per stall), since a tiny miss aimed at by a tiny step gives the
-      # same plan again.
+      # same plan again. A step that overshoots is taken back by bisection.
       stalls += best_before is not None and plan.planned.total >= best_before
       step = (1.0 + 0.5 * retries) * 1.5 ** stalls
       retries += 1
@@ -456,7 +462,7 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
                    baseline, limit, planning)
   for schedule in schedules:
     search.on_order(schedule)
-    if search.met or search.attempts == _MAX_ATTEMPTS:
+    if search.met or search.attempts >= _MAX_ATTEMPTS:
       break
   met, lowest, floors, planning = (search.met, search.lowest, search.floors,
                                    search.planning)

@@ -1,6 +1,7 @@
 """remat.jit / remat.plan: limits met by XLA's own figure, gradients unchanged."""
 
 import os
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,8 @@ import pytest
 import remat
 from remat._flags import parse_flags
 from remat._jax import auto
+from remat._jax.inline import inline_calls
+from remat.core.simulate import simulate
 
 LAYERS, BATCH, WIDTH = 12, 1024, 128
 
@@ -191,3 +194,52 @@ def test_library_scratch_is_kept_whole_in_fractions():
   assert fp.fixed == 10 + 20 - 5 + 400 and fp.total == 1025
   assert auto._limit_bytes(0.5, fp) == fp.fixed + 300
   assert auto._limit_bytes(777, fp) == 777
+
+
+class _ScriptedXla(auto._Search):
+  """The search with XLA replaced by a rule: XLA's footprint as a function of the
+  planning target, so that the search policy itself is under test."""
+
+  def __init__(self, xla_of_target, limit):
+    ws, x = _inputs(9)
+    closed, out_tree = auto._trace(jax.value_and_grad(_loss), (ws, x), {})
+    graph = auto._graph_of(inline_calls(closed))
+    self.schedule = tuple(range(graph.num_ops))
+    peak = simulate(graph, self.schedule, check=False).peak_bytes
+    settings = auto._settings(limit, "path", "list", 0, None)
+    baseline = auto.XlaFootprint(argument=0, output=0, temp=peak, alias=0)
+    super().__init__(closed, graph, out_tree, None, settings, baseline, limit, 0.0)
+    self.xla_of_target = xla_of_target
+    self.targets = []
+
+  def compiled_plan(self, schedule, target, small):
+    self.targets.append(target)
+    footprint = auto.XlaFootprint(0, 0, self.xla_of_target(target), 0)
+    result = SimpleNamespace(met=True, timeline=SimpleNamespace(peak_bytes=target),
+                             extra_flops=1e9 / max(target, 1))   # lower: more recompute
+    return SimpleNamespace(met=footprint.total <= self.limit, planned=footprint,
+                           result=result, extra_flops=result.extra_flops)
+
+
+def test_search_aims_lower_after_a_miss_then_bisects_back():
+  limit = 10_000_000
+  # XLA needs 1.5 MB more than planned down to 8.6 MB, then falls far below.
+  xla = lambda t: t + 1_500_000 if t > 8_600_000 else t // 2
+  search = _ScriptedXla(xla, limit)
+  search.on_order(search.schedule)
+  t = search.targets
+  assert t[0] == limit and t[1] < t[0]           # a miss: aim lower
+  met = [x for x in t if xla(x) <= limit]
+  assert met and len(t) <= auto._MAX_ATTEMPTS
+  # After the overshoot, bisection: some later target lies above the first met one.
+  first_met = t.index(met[0])
+  assert any(x > met[0] for x in t[first_met + 1:])
+  best = min(search.met, key=lambda p: p.extra_flops)
+  assert best.planned.total <= limit
+
+
+def test_search_stops_at_a_plan_near_the_limit():
+  limit = 10_000_000
+  search = _ScriptedXla(lambda t: t - 100_000, limit)    # met at once, 1% under
+  search.on_order(search.schedule)
+  assert search.targets == [limit] and len(search.met) == 1
