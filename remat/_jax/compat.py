@@ -61,3 +61,9 @@ def trace_flat(flat_fun, in_avals, dbg):
 def unknown_debug_info(jaxpr: core.Jaxpr):
   """Debug info for a function derived from ``jaxpr`` (argument names dropped)."""
   return jaxpr.debug_info.with_unknown_names()
+
+
+def region_debug_info(source: str | None = None) -> core.DebugInfo:
+  """Debug info for a region body cut out of a program by the automatic pass
+  (no argument names or result paths of its own)."""
+  return core.DebugInfo("remat.jit region", source or "<remat region>", None, None)

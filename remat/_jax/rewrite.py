@@ -12,7 +12,7 @@ gate on) and returns every value the block defines that is read after it.
 
 from __future__ import annotations
 
-from remat._jax.compat import core
+from remat._jax.compat import core, region_debug_info
 from remat._jax.primitive import remat_p
 from remat.core.plan import Rewritten
 
@@ -83,7 +83,8 @@ def _region_eqn(block_eqns, copies, read_later: set) -> core.JaxprEqn:
           outputs.append(old)
   body = core.Jaxpr([], [rename[v] for v in inputs], [rename[v] for v in outputs],
                     body_eqns,
-                    effects=core.join_effects(*(e.effects for e in body_eqns)))
+                    effects=core.join_effects(*(e.effects for e in body_eqns)),
+                    debug_info=region_debug_info())
   return core.new_jaxpr_eqn(
       list(inputs), list(outputs), remat_p,
       dict(jaxpr=body, prevent_cse=True, differentiated=True, policy=None,
