@@ -464,15 +464,14 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     search.on_order(schedule)
     if search.met or search.attempts >= _MAX_ATTEMPTS:
       break
-  met, lowest, floors, planning = (search.met, search.lowest, search.floors,
-                                   search.planning)
-  best = min(met, key=lambda p: p.extra_flops) if met else lowest
-  best = dataclasses.replace(best, plan_seconds=planning)
+  best = (min(search.met, key=lambda p: p.extra_flops) if search.met
+          else search.lowest)
+  best = dataclasses.replace(best, plan_seconds=search.planning)
   _dump(best, settings)
   if not best.met:
     timeline = simulate(graph, schedules[0], check=False)
     allows = may_recompute(settings.algorithm)
-    floor = min(floors) if floors else _in_xla_bytes(
+    floor = min(search.floors) if search.floors else _in_xla_bytes(
         planner_floor(graph, timeline, best.small_node_bytes, allows), timeline,
         baseline)
     raise MemoryLimitError(

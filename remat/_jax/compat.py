@@ -63,7 +63,7 @@ def unknown_debug_info(jaxpr: core.Jaxpr):
   return jaxpr.debug_info.with_unknown_names()
 
 
-def region_debug_info(source: str | None = None) -> core.DebugInfo:
+def region_debug_info() -> core.DebugInfo:
   """Debug info for a region body cut out of a program by the automatic pass
   (no argument names or result paths of its own)."""
-  return core.DebugInfo("remat.jit region", source or "<remat region>", None, None)
+  return core.DebugInfo("remat.jit region", "<remat region>", None, None)

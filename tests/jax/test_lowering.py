@@ -54,12 +54,9 @@ def test_recomputation_is_in_the_optimized_hlo(compiled, strategy):
   plain, ours = c["plain"].as_text(), c[strategy].as_text()
   # The forward segments run again inside the backward: one more dot per layer.
   assert _count(ours, "dot") >= _count(plain, "dot") + LAYERS
-  if strategy == "default":
-    strategy_used = default_strategy(jax.default_backend())
-  else:
-    strategy_used = strategy
-  if strategy_used != "barrier":       # a barrier leaves no op of its own behind
-    kind = "while" if strategy_used == "while" else "conditional"
+  used = default_strategy(jax.default_backend()) if strategy == "default" else strategy
+  if used != "barrier":       # a barrier leaves no op of its own behind
+    kind = "while" if used == "while" else "conditional"
     assert _count(ours, kind) >= LAYERS // SEGMENT
   flops = lambda k: c[k].cost_analysis()["flops"]
   assert flops(strategy) > 1.2 * flops("plain")
