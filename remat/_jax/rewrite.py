@@ -21,7 +21,7 @@ def rewrite_jaxpr(jaxpr: core.Jaxpr, plan: Rewritten) -> core.Jaxpr:
   """The program of ``plan``, built from the equations of ``jaxpr``."""
   eqns = jaxpr.eqns
   block_start = {block[0]: k for k, block in enumerate(plan.blocks) if block}
-  later_reads = _reads_after_each_step(jaxpr, plan)
+  last_read = _last_reads(jaxpr, plan)
   new_eqns = []
   step = 0
   while step < len(plan.schedule):
@@ -33,25 +33,29 @@ def rewrite_jaxpr(jaxpr: core.Jaxpr, plan: Rewritten) -> core.Jaxpr:
     block = plan.blocks[block_start[op]]
     new_eqns.append(_region_eqn(
         [eqns[plan.origin[o]] for o in block], [plan.is_copy[o] for o in block],
-        later_reads[step + len(block) - 1]))
+        last_read, step + len(block) - 1))
     step += len(block)
   return jaxpr.replace(eqns=new_eqns)
 
 
-def _reads_after_each_step(jaxpr: core.Jaxpr, plan: Rewritten) -> list[set]:
-  """For each step, the original vars read by later steps or returned (copies
-  read their originals' inputs, so they count as reads of those)."""
-  after: list[set] = [set()] * len(plan.schedule)
-  reads = {v for v in jaxpr.outvars if isinstance(v, core.Var)}
-  for step in range(len(plan.schedule) - 1, -1, -1):
-    after[step] = set(reads)
-    eqn = jaxpr.eqns[plan.origin[plan.schedule[step]]]
-    reads |= {v for v in eqn.invars if isinstance(v, core.Var)}
-  return after
+def _last_reads(jaxpr: core.Jaxpr, plan: Rewritten) -> dict:
+  """For each original var, the last step that reads it (copies read their
+  originals' inputs, so they count as reads of those); returned vars are read
+  after every step."""
+  last: dict = {}
+  for step, op in enumerate(plan.schedule):
+    for v in jaxpr.eqns[plan.origin[op]].invars:
+      if isinstance(v, core.Var):
+        last[v] = step
+  for v in jaxpr.outvars:
+    if isinstance(v, core.Var):
+      last[v] = len(plan.schedule)
+  return last
 
 
-def _region_eqn(block_eqns, copies, read_later: set) -> core.JaxprEqn:
-  """One ``remat_p`` equation running ``block_eqns`` (copies first)."""
+def _region_eqn(block_eqns, copies, last_read: dict, end: int) -> core.JaxprEqn:
+  """One ``remat_p`` equation running ``block_eqns`` (copies first), the last
+  of them at step ``end``."""
   rename: dict = {}        # outer var -> var inside the body
   inputs: list = []        # outer vars the body reads, in first-use order
   body_eqns = []
@@ -79,7 +83,7 @@ def _region_eqn(block_eqns, copies, read_later: set) -> core.JaxprEqn:
         copy_of[old] = new
       else:
         rename[old] = new
-        if old in read_later:
+        if last_read.get(old, -1) > end:
           outputs.append(old)
   body = core.Jaxpr([], [rename[v] for v in inputs], [rename[v] for v in outputs],
                     body_eqns,
