@@ -7,10 +7,12 @@ recomputes ``1..j-1`` again, which doubles the recomputation of a segment.
 One region serving both rebuilds the stretch once and holds the copies from the
 first rebuild to the last reader: less compute, more memory.
 
-:func:`merge_regions` tries such merges, the pair sharing the most recompute
-cost first, and keeps each merge after which the rewritten program, simulated
-for real, is still within the limit. It stops when no pair shares cost or when
-``max_trials`` merges were tried.
+:func:`merge_regions` merges greedily, the pair sharing the most recompute cost
+first, and keeps the longest run of merges after which the rewritten program,
+simulated for real, is still within the limit. Most merges fit, so the whole run
+is checked first, in one simulation; when it does not fit, the first merge that
+breaks the limit is found by bisection, left out, and merging goes on from the
+run before it. ``max_trials`` bounds the simulations.
 
 Example::
 
@@ -31,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 from ..graph import Graph
@@ -46,9 +49,52 @@ def _merged(a: Region, b: Region) -> Region:
                   tuple(sorted(set(a.consumers) | set(b.consumers))))
 
 
-def _peak(graph: Graph, schedule: Sequence[int], regions: Sequence[Region]) -> int:
-    rewritten = apply_plan(graph, schedule, regions)
-    return simulate(rewritten.graph, rewritten.schedule, check=False).peak_bytes
+def _key(r: Region) -> tuple[int, ...]:
+    return r.recompute + (-1,) + r.consumers
+
+
+def _fits(graph: Graph, schedule: Sequence[int], regions: Sequence[Region],
+          limit_bytes: int) -> bool:
+    try:
+        rewritten = apply_plan(graph, schedule, regions)
+    except PlanError:     # merged regions depending on each other in a cycle
+        return False
+    return simulate(rewritten.graph, rewritten.schedule,
+                    check=False).peak_bytes <= limit_bytes
+
+
+def _merge_run(graph: Graph, regions: Sequence[Region], rejected: set
+               ) -> list[tuple[list[Region], tuple]]:
+    """Greedy merges from ``regions`` until no pair (other than ``rejected``
+    ones) shares recompute cost: after each merge, the regions and the pair
+    merged."""
+    active = dict(enumerate(regions))    # insertion order: merged ones go last
+    cost = lambda ops: sum(op_cost(graph, o) for o in ops)
+    heap: list[tuple[float, int, int]] = []
+
+    def pair(i: int, j: int) -> None:
+        shared = set(active[i].recompute).intersection(active[j].recompute)
+        if shared and (_key(active[i]), _key(active[j])) not in rejected:
+            saving = cost(shared)
+            if saving > 0:
+                heapq.heappush(heap, (-saving, i, j))
+
+    ids = list(active)
+    for a, i in enumerate(ids):
+        for j in ids[a + 1:]:
+            pair(i, j)
+    run = []
+    while heap:
+        _, i, j = heapq.heappop(heap)
+        if i not in active or j not in active:
+            continue
+        key = (_key(active[i]), _key(active[j]))
+        new = len(regions) + len(run)
+        active[new] = _merged(active.pop(i), active.pop(j))
+        run.append((list(active.values()), key))
+        for k in list(active)[:-1]:
+            pair(k, new)
+    return run
 
 
 def merge_regions(graph: Graph, schedule: Sequence[int], regions: Sequence[Region],
@@ -59,32 +105,24 @@ def merge_regions(graph: Graph, schedule: Sequence[int], regions: Sequence[Regio
     rejected: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
     trials = 0
     while trials < max_trials:
-        best = None
-        for i in range(len(regions)):
-            rec_i = set(regions[i].recompute)
-            for j in range(i + 1, len(regions)):
-                shared = rec_i.intersection(regions[j].recompute)
-                if not shared:
-                    continue
-                key = (regions[i].recompute + (-1,) + regions[i].consumers,
-                       regions[j].recompute + (-1,) + regions[j].consumers)
-                if key in rejected:
-                    continue
-                saving = sum(op_cost(graph, o) for o in shared)
-                if saving > 0 and (best is None or saving > best[0]):
-                    best = (saving, i, j, key)
-        if best is None:
+        run = _merge_run(graph, regions, rejected)
+        if not run:
             break
-        _, i, j, key = best
+        # The longest fitting prefix of the run: ``fit`` merges fit, ``miss`` do not.
+        fit, miss = 0, len(run)
         trials += 1
-        trial = [r for k, r in enumerate(regions) if k not in (i, j)]
-        trial.append(_merged(regions[i], regions[j]))
-        try:
-            fits = _peak(graph, schedule, trial) <= limit_bytes
-        except PlanError:
-            fits = False
-        if fits:
-            regions = trial
-        else:
-            rejected.add(key)
+        if _fits(graph, schedule, run[-1][0], limit_bytes):
+            return run[-1][0]
+        while miss - fit > 1 and trials < max_trials:
+            mid = (fit + miss) // 2
+            trials += 1
+            if _fits(graph, schedule, run[mid - 1][0], limit_bytes):
+                fit = mid
+            else:
+                miss = mid
+        if fit:
+            regions = run[fit - 1][0]
+        if miss - fit > 1:    # out of trials before the breaking merge was found
+            break
+        rejected.add(run[miss - 1][1])
     return regions
