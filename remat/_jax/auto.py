@@ -411,7 +411,8 @@ class _Search:
       best_before = self.lowest.planned.total if self.lowest else None
       plan = self.try_plan(schedule, target, small)
       if plan.met:
-        met_target = target
+        # Targets below the peak the planner reached give the same plan again.
+        met_target = max(target, plan.result.timeline.peak_bytes)
       elif refines:
         missed_target = target
       if refines or plan.met:
