@@ -12,7 +12,8 @@ first, and keeps the longest run of merges after which the rewritten program,
 simulated for real, is still within the limit. Most merges fit, so the whole run
 is checked first, in one simulation; when it does not fit, the first merge that
 breaks the limit is found by bisection, left out, and merging goes on from the
-run before it. ``max_trials`` bounds the simulations.
+run before it, probing 1, 2, 4, ... merges from then on (near the limit, breaking
+merges come thick). ``max_trials`` bounds the simulations.
 
 Example::
 
@@ -104,25 +105,44 @@ def merge_regions(graph: Graph, schedule: Sequence[int], regions: Sequence[Regio
     regions = list(regions)
     rejected: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
     trials = 0
+
+    def fits(merges: list[Region]) -> bool:
+        nonlocal trials
+        trials += 1
+        return _fits(graph, schedule, merges, limit_bytes)
+
+    # The first run is checked whole (most merges fit); once one breaks the
+    # limit, the limit is near and breaking merges are frequent, so later runs
+    # are probed from the start, 1, 2, 4, ... merges.
+    whole = True
     while trials < max_trials:
         run = _merge_run(graph, regions, rejected)
         if not run:
             break
-        # The longest fitting prefix of the run: ``fit`` merges fit, ``miss`` do not.
-        fit, miss = 0, len(run)
-        trials += 1
-        if _fits(graph, schedule, run[-1][0], limit_bytes):
-            return run[-1][0]
-        while miss - fit > 1 and trials < max_trials:
+        fit, miss = 0, None     # ``fit`` merges fit; ``miss`` merges do not
+        if whole:
+            if fits(run[-1][0]):
+                return run[-1][0]
+            whole, miss = False, len(run)
+        else:
+            probe = 1
+            while miss is None and trials < max_trials:
+                if fits(run[probe - 1][0]):
+                    fit = probe
+                    if probe == len(run):
+                        return run[-1][0]
+                    probe = min(2 * probe, len(run))
+                else:
+                    miss = probe
+        while miss is not None and miss - fit > 1 and trials < max_trials:
             mid = (fit + miss) // 2
-            trials += 1
-            if _fits(graph, schedule, run[mid - 1][0], limit_bytes):
+            if fits(run[mid - 1][0]):
                 fit = mid
             else:
                 miss = mid
         if fit:
             regions = run[fit - 1][0]
-        if miss - fit > 1:    # out of trials before the breaking merge was found
+        if miss is None or miss - fit > 1:   # out of trials before finding it
             break
         rejected.add(run[miss - 1][1])
     return regions

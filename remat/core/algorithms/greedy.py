@@ -237,9 +237,10 @@ class Estimate:
                     self.readers[w].append(k)
 
 
-def _drop_for(est: Estimate, v: int, peak: int, depth: int, strategy: Strategy,
+def _drop_for(est: Estimate, v: int, peak: int, depth: int, allowed: Sequence[bool],
               inputs: set[int]) -> Drop | None:
-    """How ``v`` would be dropped across ``peak``, or None if it cannot be."""
+    """How ``v`` would be dropped across ``peak``, or None if it cannot be
+    (``allowed``: per op, whether the strategy lets it be recomputed)."""
     graph = est.graph
     late: list[int] = []
     fused_early: list[int] = []
@@ -268,8 +269,8 @@ def _drop_for(est: Estimate, v: int, peak: int, depth: int, strategy: Strategy,
     first_late = min([est.position[u] for u in late] +
                      [est.drops[k].first_late for k in extends])
     roots = [graph.values[v].producer, *fused_early]
-    chain = _chain(graph, roots, depth + len(fused_early), strategy,
-                   lambda w: w in inputs or est.dies[w] >= first_late)
+    chain = _chain(graph, roots, depth + len(fused_early), allowed, est.dies,
+                   first_late, inputs)
     if chain is None:
         return None
     nbytes = graph.values[v].nbytes
@@ -336,23 +337,26 @@ def _rebuild_peak(est: Estimate, chain: Sequence[int], v: int,
     return peak
 
 
-def _chain(graph: Graph, roots: Sequence[int], depth: int, strategy: Strategy,
-           available: Callable[[int], bool]) -> tuple[int, ...] | None:
-    """Ops recomputing the roots' outputs from available values, or None."""
+def _chain(graph: Graph, roots: Sequence[int], depth: int, allowed: Sequence[bool],
+           dies: Sequence[int], first_late: int, inputs: set[int]
+           ) -> tuple[int, ...] | None:
+    """Ops recomputing the roots' outputs, at most ``depth`` of them, from values
+    still live at step ``first_late`` (or program inputs), or None."""
+    ops, values = graph.ops, graph.values
     chain: list[int] = []
     seen = set(roots)
     stack = list(roots)
     while stack:
         op = stack.pop()
-        if not strategy.allows(graph, op):
+        if not allowed[op]:
             return None
         chain.append(op)
         if len(chain) > depth:
             return None
-        for w in graph.ops[op].inputs:
-            if available(w):
+        for w in ops[op].inputs:
+            if dies[w] >= first_late or w in inputs:
                 continue
-            p = graph.values[w].producer
+            p = values[w].producer
             if p is not None and p not in seen:
                 seen.add(p)
                 stack.append(p)
@@ -366,6 +370,7 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
     graph = est.graph
     inputs, outputs = set(graph.inputs), set(graph.outputs)
     depth = strategy.start_depth
+    allowed = [strategy.allows(graph, o) for o in range(graph.num_ops)]
     dropped = {d.value for d in est.drops}
     small = max(options.small_node_bytes, 1)
     eligible = [v for v in range(len(graph.values))
@@ -377,12 +382,12 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
             return
         live = [v for v in eligible if est.born[v] < peak <= est.dies[v] and
                 v not in dropped]
-        shortlist = _best_drops(est, live, peak, depth, strategy, inputs, _SHORTLIST)
+        shortlist = _best_drops(est, live, peak, depth, allowed, inputs, _SHORTLIST)
         chosen = _first_kept(est, shortlist, peak_bytes)
         if chosen is None:    # all rejected: work out every drop and try the rest
             tried = {d.value for d in shortlist}
             rest = _best_drops(est, [v for v in live if v not in tried], peak, depth,
-                               strategy, inputs, len(live))
+                               allowed, inputs, len(live))
             chosen = _first_kept(est, rest, peak_bytes)
         if chosen is not None:
             est.add(chosen)
@@ -410,7 +415,7 @@ def _first_kept(est: Estimate, drops: list[Drop], peak_bytes: int) -> Drop | Non
 
 
 def _best_drops(est: Estimate, live: list[int], peak: int, depth: int,
-                strategy: Strategy, inputs: set[int], count: int) -> list[Drop]:
+                allowed: Sequence[bool], inputs: set[int], count: int) -> list[Drop]:
     """The best ``count`` drops of ``live`` values across ``peak``, best first.
 
     Working out a drop (its chain) is the expensive part, so values are visited
@@ -427,7 +432,7 @@ def _best_drops(est: Estimate, live: list[int], peak: int, depth: int,
     for v in sorted(live, key=bound, reverse=True):
         if len(found) >= count and bound(v) <= found[count - 1].score:
             break
-        d = _drop_for(est, v, peak, depth, strategy, inputs)
+        d = _drop_for(est, v, peak, depth, allowed, inputs)
         if d is not None and d.early_end < peak < d.freed_until:
             found.append(d)
             found.sort(key=lambda d: -d.score)
