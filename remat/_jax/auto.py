@@ -356,7 +356,8 @@ class _Search:
   settings: _Settings
   baseline: XlaFootprint
   limit: int
-  planning: float       # seconds so far (planning and rewriting only)
+  start: float          # when planning began (perf_counter)
+  compiling: float = 0.0   # seconds spent in XLA's compiles since then
   attempts: int = 0
   met: list = dataclasses.field(default_factory=list)
   lowest: Plan | None = None     # the plan with the least XLA footprint
@@ -378,7 +379,6 @@ class _Search:
 
   def compiled_plan(self, schedule, target: int, small: int) -> Plan:
     """Plans for ``target``, rewrites, compiles: the plan with XLA's figures."""
-    t = time.perf_counter()
     s = self.settings
     options = RematOptions(target, s.algorithm, s.scheduler, small,
                            solver_seconds=s.solver_seconds)
@@ -386,15 +386,20 @@ class _Search:
       result = get_algorithm(s.algorithm)(self.graph, schedule, options)
       rewritten = core.ClosedJaxpr(rewrite_jaxpr(self.flat.jaxpr, result.rewritten),
                                    self.flat.consts)
-    self.planning += time.perf_counter() - t
+    t = time.perf_counter()
     compiled = _compile(rewritten, self.out_tree, *self.call)
-    return Plan(self.limit, self.baseline, XlaFootprint.of(compiled), result,
-                self.graph, rewritten, self.planning, self.out_tree, compiled, small)
+    footprint = XlaFootprint.of(compiled)
+    self.compiling += time.perf_counter() - t
+    return Plan(self.limit, self.baseline, footprint, result, self.graph, rewritten,
+                self.planning_seconds(), self.out_tree, compiled, small)
+
+  def planning_seconds(self) -> float:
+    """Seconds since planning began, less XLA's compiles."""
+    return time.perf_counter() - self.start - self.compiling
 
   def on_order(self, schedule) -> None:
     """Attempts on one order until a plan meets the limit, the model says the
     limit is out of reach, or the attempts run out."""
-    t = time.perf_counter()
     graph, settings, limit = self.graph, self.settings, self.limit
     timeline = simulate(graph, schedule, check=False)
     temps = timeline.peak_bytes - timeline.input_bytes - timeline.output_bytes
@@ -402,7 +407,6 @@ class _Search:
     # (library scratch, which the model does not see, left out of both).
     to_model = timeline.peak_bytes / max(self.baseline.total - self.baseline.scratch, 1)
     target = max(int((limit - self.baseline.scratch) * to_model), 0)
-    self.planning += time.perf_counter() - t
     cap = settings.small_node_bytes
     stalls = retries = refines = 0
     met_target = missed_target = None
@@ -455,19 +459,18 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     flat = inline_calls(closed)
     graph = _graph_of(flat)
     schedules = _schedules(graph, settings.scheduler)
-  planning = time.perf_counter() - start
-
+  t = time.perf_counter()
   baseline = XlaFootprint.of(_compile(flat, out_tree, args, kwargs, jit_kwargs))
   limit = _limit_bytes(settings.memory_limit, baseline)
   search = _Search(flat, graph, out_tree, (args, kwargs, jit_kwargs), settings,
-                   baseline, limit, planning)
+                   baseline, limit, start, time.perf_counter() - t)
   for schedule in schedules:
     search.on_order(schedule)
     if search.met or search.attempts >= _MAX_ATTEMPTS:
       break
   best = (min(search.met, key=lambda p: p.extra_flops) if search.met
           else search.lowest)
-  best = dataclasses.replace(best, plan_seconds=search.planning)
+  best = dataclasses.replace(best, plan_seconds=search.planning_seconds())
   _dump(best, settings)
   if not best.met:
     timeline = simulate(graph, schedules[0], check=False)
