@@ -237,10 +237,9 @@ class Estimate:
                     self.readers[w].append(k)
 
 
-def _drop_for(est: Estimate, v: int, peak: int, depth: int, allowed: Sequence[bool],
-              inputs: set[int]) -> Drop | None:
-    """How ``v`` would be dropped across ``peak``, or None if it cannot be
-    (``allowed``: per op, whether the strategy lets it be recomputed)."""
+def _drop_for(est: Estimate, v: int, peak: int, depth: int, chains: "_Chains"
+              ) -> Drop | None:
+    """How ``v`` would be dropped across ``peak``, or None if it cannot be."""
     graph = est.graph
     late: list[int] = []
     fused_early: list[int] = []
@@ -269,8 +268,7 @@ def _drop_for(est: Estimate, v: int, peak: int, depth: int, allowed: Sequence[bo
     first_late = min([est.position[u] for u in late] +
                      [est.drops[k].first_late for k in extends])
     roots = [graph.values[v].producer, *fused_early]
-    chain = _chain(graph, roots, depth + len(fused_early), allowed, est.dies,
-                   first_late, inputs)
+    chain = chains.get(roots, depth + len(fused_early), first_late)
     if chain is None:
         return None
     nbytes = graph.values[v].nbytes
@@ -337,30 +335,60 @@ def _rebuild_peak(est: Estimate, chain: Sequence[int], v: int,
     return peak
 
 
-def _chain(graph: Graph, roots: Sequence[int], depth: int, allowed: Sequence[bool],
-           dies: Sequence[int], first_late: int, inputs: set[int]
-           ) -> tuple[int, ...] | None:
-    """Ops recomputing the roots' outputs, at most ``depth`` of them, from values
-    still live at step ``first_late`` (or program inputs), or None."""
-    ops, values = graph.ops, graph.values
-    chain: list[int] = []
-    seen = set(roots)
-    stack = list(roots)
-    while stack:
-        op = stack.pop()
-        if not allowed[op]:
-            return None
-        chain.append(op)
-        if len(chain) > depth:
-            return None
-        for w in ops[op].inputs:
-            if dies[w] >= first_late or w in inputs:
-                continue
-            p = values[w].producer
-            if p is not None and p not in seen:
-                seen.add(p)
-                stack.append(p)
-    return tuple(sorted(chain))
+class _Chains:
+    """The chains of one sweep: the ops recomputing some roots' outputs, at most
+    ``depth`` of them, from values still live at step ``first_late`` (or program
+    inputs), or None if the strategy allows no such chain.
+
+    A chain found once is reused until a value it starts from is dropped. Drops
+    only ever end values earlier, so a chain that was not found stays not found.
+    """
+
+    def __init__(self, est: Estimate, allowed: Sequence[bool], inputs: set[int]):
+        self.est, self.allowed, self.inputs = est, allowed, inputs
+        self.known: dict[tuple, tuple[int, ...] | None] = {}
+        self.starts: dict[int, list[tuple]] = {}   # value -> keys of chains reading it
+
+    def get(self, roots: Sequence[int], depth: int, first_late: int
+            ) -> tuple[int, ...] | None:
+        key = (tuple(roots), depth, first_late)
+        if key not in self.known:
+            chain, starts = self._find(roots, depth, first_late)
+            self.known[key] = chain
+            for w in starts if chain is not None else ():
+                self.starts.setdefault(w, []).append(key)
+        return self.known[key]
+
+    def dropped(self, value: int) -> None:
+        """Forgets the chains that start from ``value``, now dropped."""
+        for key in self.starts.pop(value, ()):
+            self.known.pop(key, None)
+
+    def _find(self, roots, depth, first_late):
+        ops, values = self.est.graph.ops, self.est.graph.values
+        allowed, dies, inputs = self.allowed, self.est.dies, self.inputs
+        chain: list[int] = []
+        starts: list[int] = []
+        seen = set(roots)
+        stack = list(roots)
+        while stack:
+            op = stack.pop()
+            if not allowed[op]:
+                return None, ()
+            chain.append(op)
+            if len(chain) > depth:
+                return None, ()
+            for w in ops[op].inputs:
+                if w in inputs:
+                    continue
+                if dies[w] >= first_late:
+                    starts.append(w)
+                    continue
+                p = values[w].producer
+                if p is not None and p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        return tuple(sorted(chain)), starts
 
 
 def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
@@ -370,7 +398,8 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
     graph = est.graph
     inputs, outputs = set(graph.inputs), set(graph.outputs)
     depth = strategy.start_depth
-    allowed = [strategy.allows(graph, o) for o in range(graph.num_ops)]
+    chains = _Chains(est, [strategy.allows(graph, o) for o in range(graph.num_ops)],
+                     inputs)
     dropped = {d.value for d in est.drops}
     small = max(options.small_node_bytes, 1)
     eligible = [v for v in range(len(graph.values))
@@ -382,16 +411,17 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
             return
         live = [v for v in eligible if est.born[v] < peak <= est.dies[v] and
                 v not in dropped]
-        shortlist = _best_drops(est, live, peak, depth, allowed, inputs, _SHORTLIST)
+        shortlist = _best_drops(est, live, peak, depth, chains, _SHORTLIST)
         chosen = _first_kept(est, shortlist, peak_bytes)
         if chosen is None:    # all rejected: work out every drop and try the rest
             tried = {d.value for d in shortlist}
             rest = _best_drops(est, [v for v in live if v not in tried], peak, depth,
-                               allowed, inputs, len(live))
+                               chains, len(live))
             chosen = _first_kept(est, rest, peak_bytes)
         if chosen is not None:
             est.add(chosen)
             dropped.add(chosen.value)
+            chains.dropped(chosen.value)
         else:
             if not strategy.grow or depth >= options.max_chain_ops:
                 return
@@ -415,7 +445,7 @@ def _first_kept(est: Estimate, drops: list[Drop], peak_bytes: int) -> Drop | Non
 
 
 def _best_drops(est: Estimate, live: list[int], peak: int, depth: int,
-                allowed: Sequence[bool], inputs: set[int], count: int) -> list[Drop]:
+                chains: _Chains, count: int) -> list[Drop]:
     """The best ``count`` drops of ``live`` values across ``peak``, best first.
 
     Working out a drop (its chain) is the expensive part, so values are visited
@@ -432,7 +462,7 @@ def _best_drops(est: Estimate, live: list[int], peak: int, depth: int,
     for v in sorted(live, key=bound, reverse=True):
         if len(found) >= count and bound(v) <= found[count - 1].score:
             break
-        d = _drop_for(est, v, peak, depth, allowed, inputs)
+        d = _drop_for(est, v, peak, depth, chains)
         if d is not None and d.early_end < peak < d.freed_until:
             found.append(d)
             found.sort(key=lambda d: -d.score)
