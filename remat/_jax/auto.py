@@ -309,16 +309,14 @@ def _limit_bytes(limit: int | float, baseline: XlaFootprint) -> int:
   return limit
 
 
-def _small_node_bytes(graph: Graph, timeline, target: int, settings: _Settings,
+def _small_node_bytes(floor: Callable[[int], int], target: int, settings: _Settings,
                       cap: int) -> int:
   """The small-node limit to plan with: the one given, or the default (at most
   ``cap``), halved until the values it keeps no longer put the target out of
-  reach."""
+  reach (``floor``: the planner's floor for a small-node limit)."""
   if settings.small_node_given:
     return settings.small_node_bytes
   small = min(settings.small_node_bytes, cap)
-  allows = may_recompute(settings.algorithm)
-  floor = lambda s: planner_floor(graph, timeline, s, allows)
   while small > 4096 and floor(small) > target:
     small //= 2
   return small if floor(small) <= target else 0
@@ -362,6 +360,7 @@ class _Search:
   met: list = dataclasses.field(default_factory=list)
   lowest: Plan | None = None     # the plan with the least XLA footprint
   floors: list = dataclasses.field(default_factory=list)
+  known_floors: dict = dataclasses.field(default_factory=dict)
 
   def try_plan(self, schedule, target: int, small: int) -> Plan:
     """One attempt: plans for ``target`` (model bytes) on ``schedule``, and keeps
@@ -397,6 +396,15 @@ class _Search:
     """Seconds since planning began, less XLA's compiles."""
     return time.perf_counter() - self.start - self.compiling
 
+  def floor(self, timeline, small: int) -> int:
+    """The planner's floor on ``timeline``'s order with small-node limit
+    ``small`` (:func:`planner_floor`), worked out once."""
+    key = (timeline.schedule, small)
+    if key not in self.known_floors:
+      self.known_floors[key] = planner_floor(
+          self.graph, timeline, small, may_recompute(self.settings.algorithm))
+    return self.known_floors[key]
+
   def on_order(self, schedule) -> None:
     """Attempts on one order until a plan meets the limit, the model says the
     limit is out of reach, or the attempts run out."""
@@ -411,7 +419,8 @@ class _Search:
     stalls = retries = refines = 0
     met_target = missed_target = None
     while self.attempts < _MAX_ATTEMPTS + (_REFINES if refines else 0):
-      small = _small_node_bytes(graph, timeline, target, settings, cap)
+      small = _small_node_bytes(lambda s: self.floor(timeline, s), target, settings,
+                                cap)
       best_before = self.lowest.planned.total if self.lowest else None
       plan = self.try_plan(schedule, target, small)
       if plan.met:
@@ -430,7 +439,7 @@ class _Search:
         target = (met_target + missed_target) // 2
         continue
       if not plan.result.met:
-        floor = planner_floor(graph, timeline, small, may_recompute(settings.algorithm))
+        floor = self.floor(timeline, small)
         if (small > 0 and not settings.small_node_given and
             plan.result.timeline.peak_bytes <= floor + 0.1 * temps):
           cap = small // 4    # the small values bind: the default gives way further

@@ -155,8 +155,24 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True,
       a :class:`Timeline` (see the module docstring for the memory model).
     """
     schedule = tuple(schedule)
+    # The last simulation of a graph is kept on it (planners simulate the same
+    # order again and again); ``checked``: whether that order was verified.
+    key = (schedule, reuse_result_buffers)
+    last = graph.__dict__.get("_last_simulation")
+    if last is not None and last[0] == key:
+        if check and not last[2]:
+            check_schedule(graph, schedule)
+            object.__setattr__(graph, "_last_simulation", (key, last[1], True))
+        return last[1]
     if check:
         check_schedule(graph, schedule)
+    timeline = _simulate(graph, schedule, reuse_result_buffers)
+    object.__setattr__(graph, "_last_simulation", (key, timeline, check))
+    return timeline
+
+
+def _simulate(graph: Graph, schedule: tuple[int, ...], reuse_result_buffers: bool
+              ) -> Timeline:
     ops = graph.ops
     users = graph.users
     values = graph.values
