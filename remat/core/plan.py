@@ -36,7 +36,7 @@ import dataclasses
 import heapq
 from typing import Sequence
 
-from .graph import Graph, GraphBuilder
+from .graph import Graph, Op, Value
 
 __all__ = ["Region", "Rewritten", "PlanError", "apply_plan", "convex_hull"]
 
@@ -159,15 +159,18 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
         if any(not 0 <= o < n for o in rec):
             raise PlanError(f"region {k} recomputes an op id outside 0..{n - 1}.")
 
-    builder = GraphBuilder()
+    # The rewritten graph's values and ops, built directly: every id is made here.
+    values: list[Value] = []
+    ops: list[Op] = []
     value_map: list[int] = []
     for value in graph.values:
         if value.producer is None:
-            value_map.append(builder.add_input(
-                value.nbytes, shape=value.shape, name=value.name,
-                donated=len(value_map) in graph.donated))
+            value_map.append(len(values))
+            values.append(value)
         else:
             value_map.append(-1)
+    inputs = [value_map[v] for v in graph.inputs]
+    donated = frozenset(value_map[v] for v in graph.donated)
     origin: list[int] = []
     is_copy: list[bool] = []
     region_of: list[int] = []
@@ -177,22 +180,22 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
 
     def emit(op_id: int, rename: dict[int, int], copy: bool, k: int) -> None:
         op = graph.ops[op_id]
-        ins = [rename.get(v, value_map[v]) for v in op.inputs]
+        ins = tuple([rename.get(v, value_map[v]) for v in op.inputs])
         if -1 in ins:
             raise PlanError(f"op {op_id} ({op.label}) would read a value its own region "
                             "defines later: a region cannot recompute from its own "
                             "consumers' results.")
-        outs = builder.add_op(
-            op.label, ins, [graph.values[v].nbytes for v in op.outputs],
-            flops=op.flops, transcendentals=op.transcendentals, source=op.source,
-            fusion=op.fusion, working_set_bytes=op.working_set_bytes,
-            output_shapes=[graph.values[v].shape for v in op.outputs])
+        new_op = len(ops)
+        outs = tuple(range(len(values), len(values) + len(op.outputs)))
         for old, new in zip(op.outputs, outs):
+            v = graph.values[old]
+            values.append(Value(v.nbytes, new_op, v.shape))
             if copy:
                 rename[old] = new
             else:
                 value_map[old] = new
             value_origin.append(old)
+        ops.append(op._replace(inputs=ins, outputs=outs))
         if not copy:
             instance[op_id] = len(origin)
         origin.append(op_id)
@@ -214,7 +217,8 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
             emit(o, rename, False, k)
         blocks[k] = list(range(start, len(origin)))
 
-    new_graph = builder.build(outputs=[value_map[v] for v in graph.outputs])
+    new_graph = Graph(tuple(values), tuple(ops), tuple(inputs),
+                      tuple(value_map[v] for v in graph.outputs), donated)
     final_regions = tuple(Region(tuple(sorted(rec)), tuple(sorted(cons)))
                           for rec, cons, _ in merged)
     return Rewritten(new_graph, tuple(range(len(origin))), tuple(origin),

@@ -64,19 +64,19 @@ def _fits(graph: Graph, schedule: Sequence[int], regions: Sequence[Region],
                     check=False).peak_bytes <= limit_bytes
 
 
-def _merge_run(graph: Graph, regions: Sequence[Region], rejected: set
+def _merge_run(regions: Sequence[Region], costs: Sequence[float], rejected: set
                ) -> list[tuple[list[Region], tuple]]:
     """Greedy merges from ``regions`` until no pair (other than ``rejected``
-    ones) shares recompute cost: after each merge, the regions and the pair
-    merged."""
+    ones) shares recompute cost (``costs``: per op): after each merge, the
+    regions and the pair merged."""
     active = dict(enumerate(regions))    # insertion order: merged ones go last
-    cost = lambda ops: sum(op_cost(graph, o) for o in ops)
+    ops = {i: frozenset(r.recompute) for i, r in active.items()}
     heap: list[tuple[float, int, int]] = []
 
     def pair(i: int, j: int) -> None:
-        shared = set(active[i].recompute).intersection(active[j].recompute)
+        shared = ops[i] & ops[j]
         if shared and (_key(active[i]), _key(active[j])) not in rejected:
-            saving = cost(shared)
+            saving = sum(costs[o] for o in shared)
             if saving > 0:
                 heapq.heappush(heap, (-saving, i, j))
 
@@ -92,6 +92,7 @@ def _merge_run(graph: Graph, regions: Sequence[Region], rejected: set
         key = (_key(active[i]), _key(active[j]))
         new = len(regions) + len(run)
         active[new] = _merged(active.pop(i), active.pop(j))
+        ops[new] = ops.pop(i) | ops.pop(j)
         run.append((list(active.values()), key))
         for k in list(active)[:-1]:
             pair(k, new)
@@ -103,6 +104,7 @@ def merge_regions(graph: Graph, schedule: Sequence[int], regions: Sequence[Regio
     """``regions`` with pairs that share recomputed ops merged, as long as the
     simulated peak of the rewritten program stays within ``limit_bytes``."""
     regions = list(regions)
+    costs = [op_cost(graph, o) for o in range(graph.num_ops)]
     rejected: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
     trials = 0
 
@@ -116,7 +118,7 @@ def merge_regions(graph: Graph, schedule: Sequence[int], regions: Sequence[Regio
     # are probed from the start, 1, 2, 4, ... merges.
     whole = True
     while trials < max_trials:
-        run = _merge_run(graph, regions, rejected)
+        run = _merge_run(regions, costs, rejected)
         if not run:
             break
         fit, miss = 0, None     # ``fit`` merges fit; ``miss`` merges do not
