@@ -370,7 +370,7 @@ class _Search:
     log.debug("remat: attempt %d: target %d (model), small %d, model peak %d, XLA "
               "%d, limit %d; planning so far %.2f s", self.attempts, target, small,
               plan.result.timeline.peak_bytes, plan.planned.total, self.limit,
-              plan.plan_seconds)
+              self.planning_seconds())
     if plan.met:
       self.met.append(plan)
     if self.lowest is None or plan.planned.total < self.lowest.planned.total:
