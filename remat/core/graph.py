@@ -113,6 +113,27 @@ class Graph:
 
     def __post_init__(self) -> None:
         _check_ids(self)
+        self._derive()
+        object.__setattr__(self, "topological_order", _topological_order(self))
+
+    @classmethod
+    def trusted(cls, values: tuple[Value, ...], ops: tuple[Op, ...],
+                inputs: tuple[int, ...], outputs: tuple[int, ...],
+                donated: frozenset[int] = frozenset()) -> "Graph":
+        """A graph from parts made consistent by construction (every value id
+        defined once, each op reading only values defined before it), as a
+        planner rewriting a checked graph makes them: the checks are skipped and
+        the ops' id order is the topological order."""
+        graph = object.__new__(cls)
+        for name, part in (("values", values), ("ops", ops), ("inputs", inputs),
+                           ("outputs", outputs), ("donated", donated)):
+            object.__setattr__(graph, name, part)
+        graph._derive()
+        object.__setattr__(graph, "topological_order", tuple(range(len(ops))))
+        return graph
+
+    def _derive(self) -> None:
+        """Sets the derived fields: users, predecessors, successors."""
         users: list[list[int]] = [[] for _ in self.values]
         predecessors: list[tuple[int, ...]] = []
         successors: list[list[int]] = [[] for _ in self.ops]
@@ -132,7 +153,6 @@ class Graph:
         object.__setattr__(self, "users", tuple(tuple(u) for u in users))
         object.__setattr__(self, "predecessors", tuple(predecessors))
         object.__setattr__(self, "successors", tuple(tuple(s) for s in successors))
-        object.__setattr__(self, "topological_order", _topological_order(self))
 
     @property
     def num_ops(self) -> int:

@@ -195,7 +195,8 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
             else:
                 value_map[old] = new
             value_origin.append(old)
-        ops.append(op._replace(inputs=ins, outputs=outs))
+        ops.append(Op(op.label, ins, outs, op.flops, op.transcendentals, op.source,
+                      op.fusion, op.working_set_bytes))
         if not copy:
             instance[op_id] = len(origin)
         origin.append(op_id)
@@ -217,8 +218,8 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
             emit(o, rename, False, k)
         blocks[k] = list(range(start, len(origin)))
 
-    new_graph = Graph(tuple(values), tuple(ops), tuple(inputs),
-                      tuple(value_map[v] for v in graph.outputs), donated)
+    new_graph = Graph.trusted(tuple(values), tuple(ops), tuple(inputs),
+                              tuple(value_map[v] for v in graph.outputs), donated)
     final_regions = tuple(Region(tuple(sorted(rec)), tuple(sorted(cons)))
                           for rec, cons, _ in merged)
     return Rewritten(new_graph, tuple(range(len(origin))), tuple(origin),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from remat.core.graph import GraphBuilder
+from remat.core.graph import Graph, GraphBuilder
 from remat.core.plan import PlanError, Region, apply_plan, convex_hull
 from remat.core.simulate import check_schedule
 
@@ -56,3 +56,16 @@ def test_cycle_is_refused():
     # block would have to run before itself.
     with pytest.raises(PlanError, match="its own region"):
         apply_plan(g, (0, 1, 2), [Region(recompute=(1,), consumers=(0,))])
+
+
+def test_rewritten_graphs_pass_the_full_checks():
+    # apply_plan builds its graph unchecked (Graph.trusted); rebuilding it checked
+    # gives the same graph, with the same derived fields.
+    graph = training_chain(6)
+    regions = [Region((0, 1), (9, 10)), Region((2,), (7, 8))]
+    rw = apply_plan(graph, tuple(range(graph.num_ops)), regions)
+    g = rw.graph
+    checked = Graph(g.values, g.ops, g.inputs, g.outputs, g.donated)
+    for field in ("values", "ops", "inputs", "outputs", "donated", "users",
+                  "predecessors", "successors", "topological_order"):
+        assert getattr(checked, field) == getattr(g, field)
