@@ -27,6 +27,7 @@ Cost of an op: ``flops + 10 * transcendentals`` (``cost.py``).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -268,11 +269,10 @@ def _drop_for(est: Estimate, v: int, peak: int, depth: int, chains: "_Chains"
     first_late = min([est.position[u] for u in late] +
                      [est.drops[k].first_late for k in extends])
     roots = [graph.values[v].producer, *fused_early]
-    chain = chains.get(roots, depth + len(fused_early), first_late)
+    chain, chain_cost = chains.get(roots, depth + len(fused_early), first_late)
     if chain is None:
         return None
     nbytes = graph.values[v].nbytes
-    chain_cost = sum(op_cost(graph, o) for o in chain)
     if est.joins(extends):
         # joins the one region that needs it: one rebuild, held for its readers
         return Drop(v, chain, tuple(sorted(late)), early_end, first_late, nbytes,
@@ -338,7 +338,7 @@ def _rebuild_peak(est: Estimate, chain: Sequence[int], v: int,
 class _Chains:
     """The chains of one sweep: the ops recomputing some roots' outputs, at most
     ``depth`` of them, from values still live at step ``first_late`` (or program
-    inputs), or None if the strategy allows no such chain.
+    inputs), or None if the strategy allows no such chain; with its cost.
 
     A chain found once is reused until a value it starts from is dropped. Drops
     only ever end values earlier, so a chain that was not found stays not found.
@@ -346,15 +346,16 @@ class _Chains:
 
     def __init__(self, est: Estimate, allowed: Sequence[bool], inputs: set[int]):
         self.est, self.allowed, self.inputs = est, allowed, inputs
-        self.known: dict[tuple, tuple[int, ...] | None] = {}
+        self.known: dict[tuple, tuple[tuple[int, ...] | None, float]] = {}
         self.starts: dict[int, list[tuple]] = {}   # value -> keys of chains reading it
 
     def get(self, roots: Sequence[int], depth: int, first_late: int
-            ) -> tuple[int, ...] | None:
+            ) -> tuple[tuple[int, ...] | None, float]:
         key = (tuple(roots), depth, first_late)
         if key not in self.known:
             chain, starts = self._find(roots, depth, first_late)
-            self.known[key] = chain
+            graph = self.est.graph
+            self.known[key] = (chain, sum(op_cost(graph, o) for o in chain or ()))
             for w in starts if chain is not None else ():
                 self.starts.setdefault(w, []).append(key)
         return self.known[key]
@@ -400,6 +401,9 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
     depth = strategy.start_depth
     chains = _Chains(est, [strategy.allows(graph, o) for o in range(graph.num_ops)],
                      inputs)
+    bounds = [0.0 if value.producer is None else
+              value.nbytes / (op_cost(graph, value.producer) + 1.0)
+              for value in graph.values]
     dropped = {d.value for d in est.drops}
     small = max(options.small_node_bytes, 1)
     eligible = [v for v in range(len(graph.values))
@@ -411,12 +415,12 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
             return
         live = [v for v in eligible if est.born[v] < peak <= est.dies[v] and
                 v not in dropped]
-        shortlist = _best_drops(est, live, peak, depth, chains, _SHORTLIST)
+        shortlist = _best_drops(est, live, peak, depth, chains, _SHORTLIST, bounds)
         chosen = _first_kept(est, shortlist, peak_bytes)
         if chosen is None:    # all rejected: work out every drop and try the rest
             tried = {d.value for d in shortlist}
             rest = _best_drops(est, [v for v in live if v not in tried], peak, depth,
-                               chains, len(live))
+                               chains, len(live), bounds)
             chosen = _first_kept(est, rest, peak_bytes)
         if chosen is not None:
             est.add(chosen)
@@ -445,28 +449,27 @@ def _first_kept(est: Estimate, drops: list[Drop], peak_bytes: int) -> Drop | Non
 
 
 def _best_drops(est: Estimate, live: list[int], peak: int, depth: int,
-                chains: _Chains, count: int) -> list[Drop]:
-    """The best ``count`` drops of ``live`` values across ``peak``, best first.
+                chains: _Chains, count: int, bounds: Sequence[float]) -> list[Drop]:
+    """The best ``count`` drops of ``live`` values across ``peak``, best first
+    (ties: in visiting order).
 
     Working out a drop (its chain) is the expensive part, so values are visited
-    in order of a score bound (bytes per cost of the producer alone, which a chain
-    can only make worse) and the visit stops once the bound cannot beat the
-    ``count`` best found.
+    in order of a score bound (``bounds``: bytes per cost of the producer alone,
+    which a chain can only make worse) and the visit stops once the bound cannot
+    beat the ``count`` best found.
     """
-    graph = est.graph
-
-    def bound(v: int) -> float:
-        return graph.values[v].nbytes / (op_cost(graph, graph.values[v].producer) + 1.0)
-
-    found: list[Drop] = []
-    for v in sorted(live, key=bound, reverse=True):
-        if len(found) >= count and bound(v) <= found[count - 1].score:
+    kept: list[tuple[float, int, Drop]] = []    # a min-heap: the worst kept first
+    for i, v in enumerate(sorted(live, key=bounds.__getitem__, reverse=True)):
+        if len(kept) >= count and bounds[v] <= kept[0][0]:
             break
         d = _drop_for(est, v, peak, depth, chains)
         if d is not None and d.early_end < peak < d.freed_until:
-            found.append(d)
-            found.sort(key=lambda d: -d.score)
-    return found[:count]
+            item = (d.score, -i, d)
+            if len(kept) < count:
+                heapq.heappush(kept, item)
+            elif item[:2] > kept[0][:2]:
+                heapq.heapreplace(kept, item)
+    return [d for _, _, d in sorted(kept, key=lambda t: (-t[0], -t[1]))]
 
 
 def best_of(results: Sequence[PlanResult]) -> PlanResult:
