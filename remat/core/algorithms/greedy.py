@@ -406,15 +406,18 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
               for value in graph.values]
     dropped = {d.value for d in est.drops}
     small = max(options.small_node_bytes, 1)
-    eligible = [v for v in range(len(graph.values))
-                if v not in inputs and v not in outputs and not est.fused[v] and
-                graph.values[v].nbytes >= small]
+    eligible = np.array([v for v in range(len(graph.values))
+                         if v not in inputs and v not in outputs and not est.fused[v]
+                         and graph.values[v].nbytes >= small], dtype=np.int64)
+    index = {int(v): k for k, v in enumerate(eligible)}
+    born = np.array(est.born, dtype=np.int64)[eligible]
+    dies = np.array(est.dies, dtype=np.int64)[eligible]
+    gone = np.array([int(v) in dropped for v in eligible], dtype=bool)
     while True:
         peak_bytes, peak = est.peak()
         if peak_bytes <= target:
             return
-        live = [v for v in eligible if est.born[v] < peak <= est.dies[v] and
-                v not in dropped]
+        live = eligible[(born < peak) & (peak <= dies) & ~gone].tolist()
         shortlist = _best_drops(est, live, peak, depth, chains, _SHORTLIST, bounds)
         chosen = _first_kept(est, shortlist, peak_bytes)
         if chosen is None:    # all rejected: work out every drop and try the rest
@@ -426,6 +429,8 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
             est.add(chosen)
             dropped.add(chosen.value)
             chains.dropped(chosen.value)
+            k = index[chosen.value]
+            dies[k], gone[k] = est.dies[chosen.value], True
         else:
             if not strategy.grow or depth >= options.max_chain_ops:
                 return
