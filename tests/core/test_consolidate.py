@@ -1,5 +1,6 @@
 """Merging regions that rebuild the same ops (remat.core.algorithms.consolidate)."""
 
+from remat.core.algorithms import consolidate
 from remat.core.algorithms.consolidate import merge_regions
 from remat.core.plan import Region, apply_plan
 from remat.core.simulate import simulate
@@ -49,3 +50,14 @@ def test_disjoint_regions_are_left_alone():
     graph = training_chain(4)
     regions = [Region((0,), (7, 8)), Region((2,), (5, 6))]
     assert merge_regions(graph, tuple(range(graph.num_ops)), regions, 10**9) == regions
+
+
+def test_a_run_of_merges_that_all_fit_takes_one_simulation(monkeypatch):
+    calls = []
+    real = consolidate._fits
+    monkeypatch.setattr(consolidate, "_fits",
+                        lambda *a: calls.append(1) or real(*a))
+    graph = training_chain(6)
+    merged = merge_regions(graph, tuple(range(graph.num_ops)), _segment_regions(6),
+                           10**9)
+    assert len(merged) == 1 and len(calls) == 1

@@ -132,3 +132,15 @@ def test_simulating_20000_ops_is_fast():
     start = time.perf_counter()
     simulate(g, g.topological_order)
     assert time.perf_counter() - start < 0.5
+
+
+def test_the_last_simulation_is_reused_and_a_check_still_runs():
+    g = random_dag(3)
+    order = tuple(g.topological_order)
+    first = simulate(g, order)
+    assert simulate(g, list(order)) is first            # same order: kept
+    assert simulate(g, order, reuse_result_buffers=True) is not first
+    backwards = tuple(reversed(order))
+    simulate(g, backwards, check=False)                 # kept unchecked ...
+    with pytest.raises(ScheduleError):
+        simulate(g, backwards)                          # ... so checked on request
