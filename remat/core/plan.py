@@ -230,40 +230,49 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
 def _unit_order(graph: Graph, position, merged, block_of) -> list[int]:
     """Topological order of units: ops outside blocks (as op ids) and blocks (as
     ``-1 - k``), earliest original position first."""
-    def unit(o: int) -> int:
-        return -1 - block_of[o] if block_of[o] >= 0 else o
-
-    deps: dict[int, set[int]] = {}
-    first: dict[int, int] = {}
-    for o in range(len(graph.ops)):
-        u = unit(o)
-        first[u] = min(first.get(u, position[o]), position[o])
-        d = deps.setdefault(u, set())
-        for p in graph.predecessors[o]:
-            if unit(p) != u:
-                d.add(unit(p))
+    n = len(graph.ops)
+    # unit ids: an op outside blocks is itself; block k is n + k
+    unit = [o if b < 0 else n + b for o, b in enumerate(block_of)]
+    size = n + len(merged)
+    first = [n] * size
+    deps: list[set[int] | None] = [None] * size
+    predecessors = graph.predecessors
+    for o in range(n):
+        u = unit[o]
+        if position[o] < first[u]:
+            first[u] = position[o]
+        d = deps[u]
+        if d is None:
+            d = deps[u] = set()
+        for p in predecessors[o]:
+            up = unit[p]
+            if up != u:
+                d.add(up)
     for k, (rec, _, _) in enumerate(merged):   # copies read the originals' inputs
-        u = -1 - k
+        u = n + k
         for o in rec:
-            for p in graph.predecessors[o]:
-                if p not in rec and unit(p) != u:
-                    deps[u].add(unit(p))
-    users: dict[int, list[int]] = {u: [] for u in deps}
-    indegree = {u: len(d) for u, d in deps.items()}
-    for u, d in deps.items():
-        for p in d:
+            for p in predecessors[o]:
+                up = unit[p]
+                if p not in rec and up != u:
+                    deps[u].add(up)
+    units = [u for u in range(size) if deps[u] is not None]
+    users: list[list[int]] = [[] for _ in range(size)]
+    indegree = [0] * size
+    for u in units:
+        indegree[u] = len(deps[u])
+        for p in deps[u]:
             users[p].append(u)
-    ready = [(first[u], u) for u, k in indegree.items() if k == 0]
+    ready = [(first[u], u) for u in units if indegree[u] == 0]
     heapq.heapify(ready)
     order = []
     while ready:
         _, u = heapq.heappop(ready)
-        order.append(u)
+        order.append(u if u < n else n - 1 - u)
         for w in users[u]:
             indegree[w] -= 1
             if indegree[w] == 0:
                 heapq.heappush(ready, (first[w], w))
-    if len(order) != len(deps):
+    if len(order) != len(units):
         raise PlanError("the plan's regions depend on each other in a cycle (a region "
                         "recomputes from values that its own consumers produce); "
                         "recompute from earlier values.")
