@@ -61,3 +61,16 @@ def test_a_run_of_merges_that_all_fit_takes_one_simulation(monkeypatch):
     merged = merge_regions(graph, tuple(range(graph.num_ops)), _segment_regions(6),
                            10**9)
     assert len(merged) == 1 and len(calls) == 1
+
+
+def test_the_simulation_of_the_merged_regions_comes_back_with_them():
+    graph = training_chain(6)
+    regions = _segment_regions(6)
+    peak, _ = _peak_and_flops(graph, regions)
+    merged, (rw, tl) = consolidate.merge_regions_simulated(
+        graph, tuple(range(graph.num_ops)), regions, peak + 1000)
+    assert rw.regions == tuple(merged)
+    assert tl.peak_bytes == _peak_and_flops(graph, merged)[0] <= peak + 1000
+    # no merge kept: nothing simulated
+    assert consolidate.merge_regions_simulated(
+        graph, tuple(range(graph.num_ops)), regions[:1], 10**9) == (regions[:1], None)

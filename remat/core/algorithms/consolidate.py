@@ -38,11 +38,11 @@ import heapq
 from collections.abc import Sequence
 
 from ..graph import Graph
-from ..plan import PlanError, Region, apply_plan
-from ..simulate import simulate
+from ..plan import PlanError, Region, Rewritten, apply_plan
+from ..simulate import Timeline, simulate
 from .cost import op_cost
 
-__all__ = ["merge_regions"]
+__all__ = ["merge_regions", "merge_regions_simulated"]
 
 
 def _merged(a: Region, b: Region) -> Region:
@@ -55,13 +55,14 @@ def _key(r: Region) -> tuple[int, ...]:
 
 
 def _fits(graph: Graph, schedule: Sequence[int], regions: Sequence[Region],
-          limit_bytes: int) -> bool:
+          limit_bytes: int) -> tuple[Rewritten, Timeline] | None:
+    """The rewritten program and its simulation if it is within the limit."""
     try:
         rewritten = apply_plan(graph, schedule, regions)
     except PlanError:     # merged regions depending on each other in a cycle
-        return False
-    return simulate(rewritten.graph, rewritten.schedule,
-                    check=False).peak_bytes <= limit_bytes
+        return None
+    timeline = simulate(rewritten.graph, rewritten.schedule, check=False)
+    return (rewritten, timeline) if timeline.peak_bytes <= limit_bytes else None
 
 
 def _merge_run(regions: Sequence[Region], costs: Sequence[float], rejected: set
@@ -103,15 +104,33 @@ def merge_regions(graph: Graph, schedule: Sequence[int], regions: Sequence[Regio
                   limit_bytes: int, max_trials: int = 200) -> list[Region]:
     """``regions`` with pairs that share recomputed ops merged, as long as the
     simulated peak of the rewritten program stays within ``limit_bytes``."""
+    return merge_regions_simulated(graph, schedule, regions, limit_bytes,
+                                   max_trials)[0]
+
+
+def merge_regions_simulated(graph: Graph, schedule: Sequence[int],
+                            regions: Sequence[Region], limit_bytes: int,
+                            max_trials: int = 200
+                            ) -> tuple[list[Region], tuple[Rewritten, Timeline] | None]:
+    """:func:`merge_regions`, with the rewritten program and simulation of the
+    regions returned when a trial made them (None when no merge was kept)."""
     regions = list(regions)
     costs = [op_cost(graph, o) for o in range(graph.num_ops)]
     rejected: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
     trials = 0
+    fitting: dict[int, tuple] = {}   # id of a fitting list -> (the list, its simulation)
 
     def fits(merges: list[Region]) -> bool:
         nonlocal trials
         trials += 1
-        return _fits(graph, schedule, merges, limit_bytes)
+        got = _fits(graph, schedule, merges, limit_bytes)
+        if got:
+            fitting[id(merges)] = (merges, got)
+        return bool(got)
+
+    def result(merged: list[Region]):
+        kept = fitting.get(id(merged))
+        return merged, (kept[1] if kept and kept[0] is merged else None)
 
     # The first run is checked whole (most merges fit); once one breaks the
     # limit, the limit is near and breaking merges are frequent, so later runs
@@ -124,7 +143,7 @@ def merge_regions(graph: Graph, schedule: Sequence[int], regions: Sequence[Regio
         fit, miss = 0, None     # ``fit`` merges fit; ``miss`` merges do not
         if whole:
             if fits(run[-1][0]):
-                return run[-1][0]
+                return result(run[-1][0])
             whole, miss = False, len(run)
         else:
             probe = 1
@@ -132,7 +151,7 @@ def merge_regions(graph: Graph, schedule: Sequence[int], regions: Sequence[Regio
                 if fits(run[probe - 1][0]):
                     fit = probe
                     if probe == len(run):
-                        return run[-1][0]
+                        return result(run[-1][0])
                     probe = min(2 * probe, len(run))
                 else:
                     miss = probe
@@ -147,4 +166,4 @@ def merge_regions(graph: Graph, schedule: Sequence[int], regions: Sequence[Regio
         if miss is None or miss - fit > 1:   # out of trials before finding it
             break
         rejected.add(run[miss - 1][1])
-    return regions
+    return result(regions)

@@ -36,7 +36,7 @@ from ..graph import Graph
 from ..options import RematOptions
 from ..plan import PlanError, Region, Rewritten, apply_plan
 from ..simulate import Timeline, simulate
-from .consolidate import merge_regions
+from .consolidate import merge_regions_simulated
 from .cost import op_cost
 
 __all__ = ["PlanResult", "Strategy", "Drop", "run_greedy", "op_cost", "evaluate",
@@ -525,11 +525,12 @@ def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
     # Regions that rebuild the same ops are merged where the limit allows
     # (consolidate.py). Each try simulates the whole program, so big programs
     # get fewer (a count, not a time budget: plans stay reproducible).
-    regions = merge_regions(graph, schedule, best.regions, best.limit_bytes,
-                            max_trials=max(8, 20_000 // max(graph.num_ops, 1)))
+    regions, simulated = merge_regions_simulated(
+        graph, schedule, best.regions, best.limit_bytes,
+        max_trials=max(8, 20_000 // max(graph.num_ops, 1)))
     if len(regions) == len(best.regions):
         return best
-    rw, tl = evaluate(graph, schedule, regions)
+    rw, tl = simulated or evaluate(graph, schedule, regions)
     return PlanResult(tuple(rw.regions), rw, tl, baseline, best.limit_bytes)
 
 
