@@ -152,7 +152,9 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True,
         must then skip values that cost nothing (``Timeline.in_output_buffer``).
 
     Returns:
-      a :class:`Timeline` (see the module docstring for the memory model).
+      a :class:`Timeline` (see the module docstring for the memory model). The
+      graph keeps its last one: simulating the same order again returns the same
+      (immutable) object.
     """
     schedule = tuple(schedule)
     # The last simulation of a graph is kept on it (planners simulate the same

@@ -14,6 +14,8 @@ occupying memory between its last early reader and its first late reader, and it
 chain's outputs occupy memory again at the late reader. The regions it chooses are
 then applied once (``remat.core.plan.apply_plan``) and simulated for real; if the
 real peak is over the limit, the engine runs again aiming lower by the difference.
+Within a sweep, a value's chain is worked out once and reused until a value it
+starts from is dropped (``_Chains``).
 
 A value that an earlier region's chain reads can be dropped too: either each
 region that needs it recomputes it (the default), or, when one region needs it,
