@@ -154,7 +154,7 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True,
     Returns:
       a :class:`Timeline` (see the module docstring for the memory model). The
       graph keeps its last one: simulating the same order again returns the same
-      (immutable) object.
+      object (treat it as read-only).
     """
     schedule = tuple(schedule)
     # The last simulation of a graph is kept on it (planners simulate the same
