@@ -47,7 +47,7 @@ def planner_floor(graph: Graph, timeline: Timeline, small_node_bytes: int,
     schedule = timeline.schedule
     n = len(schedule)
     fixed = set(graph.inputs) | set(graph.outputs)
-    donated = {graph.inputs[k] for k in graph.donated} if graph.donated else set()
+    donated = set(graph.donated)     # value ids of donated inputs
     held = sum(graph.values[v].nbytes for v in fixed if v not in donated)
 
     def costs(v: int) -> bool:

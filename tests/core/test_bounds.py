@@ -37,3 +37,15 @@ def test_compress_floor_counts_only_expansions():
     tl = simulate(g, tuple(range(g.num_ops)))
     assert planner_floor(g, tl, 0, may_recompute("compress")) == tl.peak_bytes
     assert planner_floor(g, tl, 0, may_recompute("path")) < tl.peak_bytes
+
+
+def test_a_donated_input_added_after_an_op_counts_as_freeable():
+    from remat.core.graph import GraphBuilder
+    b = GraphBuilder()
+    x = b.add_input(100)
+    (a,) = b.add_op("f", [x], [100])
+    y = b.add_input(1000, donated=True)     # value id 2, second input
+    (z,) = b.add_op("g", [a, y], [10])
+    g = b.build(outputs=[z])
+    tl = simulate(g, (0, 1))
+    assert planner_floor(g, tl, 0) <= tl.peak_bytes
