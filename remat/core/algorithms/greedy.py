@@ -519,8 +519,9 @@ def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
     baseline = simulate(graph, schedule)
     results = [r for merge in (False, True)
                if (r := _run(graph, schedule, options, phases, keep, baseline, merge))]
-    if not results:
-        raise PlanError("no plan could be realized; this is a bug in the planner.")
+    if not results:   # no realizable plan: the program as written, limit not met
+        rw, tl = evaluate(graph, schedule, [])
+        return PlanResult((), rw, tl, baseline, options.memory_limit_bytes)
     best = best_of(results)
     if not best.met:
         return best
@@ -540,8 +541,9 @@ def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,
          phases: Sequence[Strategy], keep, baseline: Timeline,
          merge_segments: bool) -> PlanResult | None:
     """One planning run: sweep with the estimate, simulate, re-aim if short.
-    Merged regions can depend on each other in a cycle; such a run gives up and
-    returns the best plan it had (None if it had none)."""
+    A plan whose regions cannot be realized (merged regions depending on each
+    other in a cycle, or a rebuild reading a value its own block defines later)
+    ends the run, which returns the best plan it had (None if it had none)."""
     limit = options.memory_limit_bytes
     best: PlanResult | None = None
     target = limit
@@ -555,8 +557,6 @@ def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,
         try:
             rw, tl = evaluate(graph, schedule, est.regions(drops))
         except PlanError:
-            if not merge_segments:
-                raise
             break
         result = PlanResult(tuple(rw.regions), rw, tl, baseline, limit)
         if best is None or tl.peak_bytes < best.timeline.peak_bytes:
