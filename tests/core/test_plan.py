@@ -1,5 +1,5 @@
-"""apply_plan: copies, rewiring, contiguous convex blocks, cycles refused."""
-
+"""apply_plan: copies, rewiring, contiguous convex blocks, copies ordered after
+what they read."""
 
 from remat.core.graph import Graph, GraphBuilder
 from remat.core.plan import Region, apply_plan, convex_hull
