@@ -243,30 +243,3 @@ def test_search_stops_at_a_plan_near_the_limit():
   search = _ScriptedXla(lambda t: t - 100_000, limit)    # met at once, 1% under
   search.on_order(search.schedule)
   assert search.targets == [limit] and len(search.met) == 1
-
-
-def test_a_late_copy_in_a_block_is_rewritten_and_runs_right():
-  # A region whose copy reads a value its own block defines: the copy comes after
-  # that op inside the one remat_p equation, and the program still computes the
-  # same values, jitted and differentiated.
-  from remat._jax.compat import core
-  from remat._jax.rewrite import rewrite_jaxpr
-  from remat.core.plan import Region, apply_plan
-
-  def f(x):
-    a = jnp.sin(x)        # op 0: the block (the region's consumer)
-    c = jnp.cos(a)        # op 1: recomputed from a, which the block defines
-    return c * a          # op 2
-
-  x = jax.random.normal(jax.random.key(7), (64,))
-  closed, out_tree = auto._trace(f, (x,), {})
-  flat = inline_calls(closed)
-  graph = auto._graph_of(flat)
-  assert [op.label for op in graph.ops] == ["sin", "cos", "mul"]
-  rw = apply_plan(graph, (0, 1, 2), [Region(recompute=(1,), consumers=(0,))])
-  assert rw.is_copy == (False, True, False, False)
-  rewritten = core.ClosedJaxpr(rewrite_jaxpr(flat.jaxpr, rw), flat.consts)
-  run = auto._as_function(rewritten, out_tree)
-  np.testing.assert_allclose(jax.jit(run)(x), f(x), rtol=1e-6)
-  np.testing.assert_allclose(jax.grad(lambda y: run(y).sum())(x),
-                             jax.grad(lambda y: f(y).sum())(x), rtol=1e-6)
