@@ -4,11 +4,10 @@ The input is a flat jaxpr (``inline.py``: one equation per op of the planning
 graph, op ``i`` being equation ``i``) and a :class:`remat.core.plan.Rewritten`
 schedule. Ops outside regions are emitted as they were. Each region's block becomes
 one ``remat_p`` equation (``differentiated=True``, so it is lowered as an opaque
-region, a conditional on CPU) whose body runs the copies and then the consumers (a
-copy that reads a value the block itself defines comes after it); it takes every
-value the block reads from outside (those the leading copies read first, then the
-rest: ``num_late``, the late inputs the lowering may gate on) and returns every
-value the block defines that is read after it.
+region, a conditional on CPU) whose body runs the copies and then the consumers; it
+takes every value the block reads from outside (those the copies read first, then
+the ones only the consumers read: ``num_late``, the late inputs the lowering may
+gate on) and returns every value the block defines that is read after it.
 """
 
 from __future__ import annotations

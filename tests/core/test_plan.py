@@ -1,5 +1,5 @@
-"""apply_plan: copies, rewiring, contiguous convex blocks, copies ordered after
-what they read."""
+"""apply_plan: copies, rewiring, contiguous convex blocks, cycles refused."""
+
 
 from remat.core.graph import Graph, GraphBuilder
 from remat.core.plan import Region, apply_plan, convex_hull
