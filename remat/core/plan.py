@@ -212,18 +212,10 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
         rec, _, hull = merged[k]
         rename: dict[int, int] = {}
         start = len(origin)
-        # Copies run first, except one whose operands an op of the block itself
-        # defines (two overlapping regions merged): it runs once they exist.
-        pending = sorted(rec, key=position.__getitem__)
-        pending = _emit_ready(graph, pending, rec, rename, value_map,
-                              lambda o: emit(o, rename, True, k))
+        for o in sorted(rec, key=position.__getitem__):
+            emit(o, rename, True, k)
         for o in sorted(hull, key=position.__getitem__):
             emit(o, rename, False, k)
-            if pending:
-                pending = _emit_ready(graph, pending, rec, rename, value_map,
-                                      lambda o: emit(o, rename, True, k))
-        for o in pending:     # never ready: emit raises PlanError
-            emit(o, rename, True, k)
         blocks[k] = list(range(start, len(origin)))
 
     new_graph = Graph.trusted(tuple(values), tuple(ops), tuple(inputs),
@@ -233,22 +225,6 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
     return Rewritten(new_graph, tuple(range(len(origin))), tuple(origin),
                      tuple(is_copy), tuple(region_of), tuple(map(tuple, blocks)),
                      tuple(value_origin), tuple(instance), final_regions)
-
-
-def _emit_ready(graph: Graph, pending: list[int], rec, rename: dict[int, int],
-                value_map: list[int], emit) -> list[int]:
-    """Emits the copies of ``pending`` (in running order) whose operands exist:
-    made by an earlier copy, or, for values no copy makes, already emitted.
-    Returns the rest."""
-    rest = []
-    for o in pending:
-        ready = all(v in rename if graph.values[v].producer in rec
-                    else value_map[v] != -1 for v in graph.ops[o].inputs)
-        if ready:
-            emit(o)
-        else:
-            rest.append(o)
-    return rest
 
 
 def _unit_order(graph: Graph, position, merged, block_of) -> list[int]:
