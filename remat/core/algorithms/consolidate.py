@@ -115,22 +115,15 @@ def merge_regions_simulated(graph: Graph, schedule: Sequence[int],
     """:func:`merge_regions`, with the rewritten program and simulation of the
     regions returned when a trial made them (None when no merge was kept)."""
     regions = list(regions)
+    simulated = None        # the simulation of ``regions`` once a merge is kept
     costs = [op_cost(graph, o) for o in range(graph.num_ops)]
     rejected: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
     trials = 0
-    fitting: dict[int, tuple] = {}   # id of a fitting list -> (the list, its simulation)
 
-    def fits(merges: list[Region]) -> bool:
+    def fits(merges: list[Region]):
         nonlocal trials
         trials += 1
-        got = _fits(graph, schedule, merges, limit_bytes)
-        if got:
-            fitting[id(merges)] = (merges, got)
-        return bool(got)
-
-    def result(merged: list[Region]):
-        kept = fitting.get(id(merged))
-        return merged, (kept[1] if kept and kept[0] is merged else None)
+        return _fits(graph, schedule, merges, limit_bytes)
 
     # The first run is checked whole (most merges fit); once one breaks the
     # limit, the limit is near and breaking merges are frequent, so later runs
@@ -141,29 +134,33 @@ def merge_regions_simulated(graph: Graph, schedule: Sequence[int],
         if not run:
             break
         fit, miss = 0, None     # ``fit`` merges fit; ``miss`` merges do not
+        fit_simulated = None
         if whole:
-            if fits(run[-1][0]):
-                return result(run[-1][0])
+            got = fits(run[-1][0])
+            if got:
+                return run[-1][0], got
             whole, miss = False, len(run)
         else:
             probe = 1
             while miss is None and trials < max_trials:
-                if fits(run[probe - 1][0]):
-                    fit = probe
-                    if probe == len(run):
-                        return result(run[-1][0])
-                    probe = min(2 * probe, len(run))
-                else:
+                got = fits(run[probe - 1][0])
+                if not got:
                     miss = probe
+                    continue
+                fit, fit_simulated = probe, got
+                if probe == len(run):
+                    return run[-1][0], got
+                probe = min(2 * probe, len(run))
         while miss is not None and miss - fit > 1 and trials < max_trials:
             mid = (fit + miss) // 2
-            if fits(run[mid - 1][0]):
-                fit = mid
+            got = fits(run[mid - 1][0])
+            if got:
+                fit, fit_simulated = mid, got
             else:
                 miss = mid
         if fit:
-            regions = run[fit - 1][0]
+            regions, simulated = run[fit - 1][0], fit_simulated
         if miss is None or miss - fit > 1:   # out of trials before finding it
             break
         rejected.add(run[miss - 1][1])
-    return result(regions)
+    return regions, simulated

@@ -429,7 +429,6 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
             chosen = _first_kept(est, rest, peak_bytes)
         if chosen is not None:
             est.add(chosen)
-            dropped.add(chosen.value)
             chains.dropped(chosen.value)
             k = index[chosen.value]
             dies[k], gone[k] = est.dies[chosen.value], True
@@ -528,12 +527,12 @@ def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
     # Regions that rebuild the same ops are merged where the limit allows
     # (consolidate.py). Each try simulates the whole program, so big programs
     # get fewer (a count, not a time budget: plans stay reproducible).
-    regions, simulated = merge_regions_simulated(
+    _, simulated = merge_regions_simulated(
         graph, schedule, best.regions, best.limit_bytes,
         max_trials=max(8, 20_000 // max(graph.num_ops, 1)))
-    if len(regions) == len(best.regions):
+    if simulated is None:     # no merge kept
         return best
-    rw, tl = simulated or evaluate(graph, schedule, regions)
+    rw, tl = simulated
     return PlanResult(tuple(rw.regions), rw, tl, baseline, best.limit_bytes)
 
 
