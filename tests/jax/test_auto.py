@@ -200,7 +200,7 @@ class _ScriptedXla(auto._Search):
   """The search with XLA replaced by a rule: XLA's footprint as a function of the
   planning target, so that the search policy itself is under test."""
 
-  def __init__(self, xla_of_target, limit):
+  def __init__(self, xla_of_target, limit, peak_of_target=lambda t: t):
     ws, x = _inputs(9)
     closed, out_tree = auto._trace(jax.value_and_grad(_loss), (ws, x), {})
     graph = auto._graph_of(inline_calls(closed))
@@ -209,14 +209,15 @@ class _ScriptedXla(auto._Search):
     settings = auto._settings(limit, "path", "list", 0, None)
     baseline = auto.XlaFootprint(argument=0, output=0, temp=peak, alias=0)
     super().__init__(closed, graph, out_tree, None, settings, baseline, limit, 0.0)
-    self.xla_of_target = xla_of_target
+    self.xla_of_target, self.peak_of_target = xla_of_target, peak_of_target
     self.targets = []
 
-  def compiled_plan(self, schedule, target, small):
+  def compiled_plan(self, schedule, target, small, first=False):
     self.targets.append(target)
     footprint = auto.XlaFootprint(0, 0, self.xla_of_target(target), 0)
-    result = SimpleNamespace(met=True, timeline=SimpleNamespace(peak_bytes=target),
-                             extra_flops=1e9 / max(target, 1))   # lower: more recompute
+    peak = self.peak_of_target(target)
+    result = SimpleNamespace(met=True, timeline=SimpleNamespace(peak_bytes=peak),
+                             extra_flops=1e9 / max(peak, 1))   # lower: more recompute
     return SimpleNamespace(met=footprint.total <= self.limit, planned=footprint,
                            result=result, extra_flops=result.extra_flops)
 
@@ -243,3 +244,69 @@ def test_search_stops_at_a_plan_near_the_limit():
   search = _ScriptedXla(lambda t: t - 100_000, limit)    # met at once, 1% under
   search.on_order(search.schedule)
   assert search.targets == [limit] and len(search.met) == 1
+
+
+def test_search_never_aims_where_only_a_missed_plan_lies():
+  # Plans come in 2 MB steps (a chain's activations): a target gives the plan
+  # of the step at or below it. XLA reads each plan 1.5 MB over its peak.
+  limit, step = 11_000_000, 2_000_000
+  peak = lambda t: t // step * step
+  search = _ScriptedXla(lambda t: peak(t) + 1_500_000, limit, peak)
+  search.on_order(search.schedule)
+  t = search.targets
+  missed = [(peak(x), x) for x in t if peak(x) + 1_500_000 > limit]
+  # A target between a missed plan's peak and its target gives that plan again.
+  assert not any(lo <= x <= hi for x in t for lo, hi in missed if x != hi)
+  assert search.met and max(p.planned.total for p in search.met) <= limit
+
+
+class _OrdersXla(_ScriptedXla):
+  """Three orders of one program, XLA reading each one's plans by its own rule."""
+
+  def __init__(self, rules, limit):
+    super().__init__(None, limit)
+    self.orders = [tuple(list(self.schedule)) for _ in rules]   # equal, not the same
+    self.rules = rules
+    self.by_order = []
+
+  def compiled_plan(self, schedule, target, small, first=False):
+    order = next(i for i, o in enumerate(self.orders) if o is schedule)
+    self.by_order.append(order)
+    self.xla_of_target = self.rules[order]
+    return super().compiled_plan(schedule, target, small, first)
+
+
+def test_search_moves_to_the_order_xla_reads_lowest():
+  high = lambda t: max(int(t * 1.3), 11_000_000)   # over the limit at any target
+  search = _OrdersXla([high, high, lambda t: int(t * 0.95)], limit=10_000_000)
+  auto._search_orders(search, search.orders)
+  # Two misses on the first order, one plan on each other, then the third's met.
+  assert search.by_order[:4] == [0, 0, 1, 2] and set(search.by_order[4:]) <= {2}
+  assert search.met and search.met[0].planned.total <= search.limit
+
+
+def test_search_stays_on_the_first_order_after_small_misses():
+  search = _OrdersXla([lambda t: int(t * 1.04)] + [lambda t: int(t * 0.9)] * 2,
+                      limit=10_000_000)
+  auto._search_orders(search, search.orders)
+  assert search.met and set(search.by_order) == {0}
+
+
+def test_a_plan_tried_before_is_not_compiled_again(monkeypatch):
+  ws, x = _inputs(3)
+  closed, out_tree = auto._trace(jax.value_and_grad(_loss), (ws, x), {})
+  flat = inline_calls(closed)
+  graph = auto._graph_of(flat)
+  schedule = tuple(range(graph.num_ops))
+  baseline = auto.XlaFootprint.of(auto._compile(flat, out_tree, (ws, x), {}, {}))
+  settings = auto._settings(0.5, "path", "list", 0, None)
+  search = auto._Search(flat, graph, out_tree, ((ws, x), {}, {}), settings, baseline,
+                        auto._limit_bytes(0.5, baseline), 0.0)
+  compiles, compile = [], auto._compile
+  monkeypatch.setattr(auto, "_compile", lambda *a: compiles.append(1) or compile(*a))
+  target = int(0.7 * simulate(graph, schedule).peak_bytes)
+  first = search.compiled_plan(schedule, target, 0)
+  assert first.result.regions and len(compiles) == 1
+  assert search.compiled_plan(schedule, target, 0) is first and len(compiles) == 1
+  # As an order's first attempt, a plan an earlier order gave ends that order.
+  assert search.compiled_plan(schedule, target, 0, first=True) is None
