@@ -42,7 +42,7 @@ from remat.core.simulate import simulate
 log = logging.getLogger("remat")
 
 _RETRIES = 5        # plans per order aiming lower after XLA's misses
-_REFINES = 2        # plans bisecting back towards the limit after an overshoot
+_REFINES = 3        # plans bisecting back towards the limit after an overshoot
 _MAX_ATTEMPTS = 10  # plans (and compiles) in all, besides the bisecting ones
 
 
@@ -348,12 +348,16 @@ class _Search:
   ``_REFINES`` more to bisect).
 
   On each order the planning target starts at the limit in model units. While
-  XLA misses the limit the target drops by the miss, by more each attempt and
-  after each attempt that did not lower XLA's figure. Once a plan meets it with
-  room to spare (aiming lower overshot), the target is bisected between that plan
-  and the last miss, up to ``_REFINES`` times, since a plan nearer the limit
-  recomputes less. The first order with a met plan ends the search; the met plan
-  with the least recompute is the answer.
+  XLA misses the limit the target drops by the miss (from the missed plan's
+  model peak, if below its target), by more each attempt and after each attempt
+  that did not lower XLA's figure, but not below the floor of the small-node
+  limit in use while above it. Once a plan meets it with room to spare (aiming
+  lower overshot), the target is bisected between that plan and the last miss,
+  up to ``_REFINES`` times or until a plan repeats, since a plan nearer the
+  limit recomputes less. A plan with the regions of one tried before is not
+  compiled again. The first order with a met plan ends the search (which order
+  goes on when: :func:`_search_orders`); the met plan with the least recompute
+  is the answer.
   """
   flat: core.ClosedJaxpr
   graph: Graph
