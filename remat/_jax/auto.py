@@ -390,7 +390,7 @@ class _Search:
               "%d, limit %d; planning so far %.2f s", self.attempts, target, small,
               plan.result.timeline.peak_bytes, plan.planned.total, self.limit,
               self.planning_seconds())
-    if plan.met and plan not in self.met:
+    if plan.met and not any(plan is p for p in self.met):   # a repeated plan
       self.met.append(plan)
     if self.lowest is None or plan.planned.total < self.lowest.planned.total:
       self.lowest = plan
