@@ -37,8 +37,9 @@ import heapq
 from typing import Sequence
 
 from .graph import Graph, Op, Value
+from .simulate import Timeline, simulate
 
-__all__ = ["Region", "Rewritten", "PlanError", "apply_plan", "convex_hull"]
+__all__ = ["Region", "Rewritten", "PlanError", "apply_plan", "convex_hull", "evaluate"]
 
 
 class PlanError(ValueError):
@@ -277,3 +278,11 @@ def _unit_order(graph: Graph, position, merged, block_of) -> list[int]:
                         "recomputes from values that its own consumers produce); "
                         "recompute from earlier values.")
     return order
+
+
+def evaluate(graph: Graph, schedule: Sequence[int],
+             regions: Sequence[Region]) -> tuple[Rewritten, Timeline]:
+    """Applies ``regions`` and simulates the result: the measure every planner's
+    plan is checked by. Raises :class:`PlanError` as :func:`apply_plan` does."""
+    rewritten = apply_plan(graph, schedule, regions)
+    return rewritten, simulate(rewritten.graph, rewritten.schedule, check=False)

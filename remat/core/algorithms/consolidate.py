@@ -38,8 +38,8 @@ import heapq
 from collections.abc import Sequence
 
 from ..graph import Graph
-from ..plan import PlanError, Region, Rewritten, apply_plan
-from ..simulate import Timeline, simulate
+from ..plan import PlanError, Region, Rewritten, evaluate
+from ..simulate import Timeline
 from .cost import op_cost
 
 __all__ = ["merge_regions", "merge_regions_simulated"]
@@ -58,10 +58,9 @@ def _fits(graph: Graph, schedule: Sequence[int], regions: Sequence[Region],
           limit_bytes: int) -> tuple[Rewritten, Timeline] | None:
     """The rewritten program and its simulation if it is within the limit."""
     try:
-        rewritten = apply_plan(graph, schedule, regions)
+        rewritten, timeline = evaluate(graph, schedule, regions)
     except PlanError:     # merged regions depending on each other in a cycle
         return None
-    timeline = simulate(rewritten.graph, rewritten.schedule, check=False)
     return (rewritten, timeline) if timeline.peak_bytes <= limit_bytes else None
 
 

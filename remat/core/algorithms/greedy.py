@@ -36,7 +36,7 @@ import numpy as np
 
 from ..graph import Graph
 from ..options import RematOptions
-from ..plan import PlanError, Region, Rewritten, apply_plan
+from ..plan import PlanError, Region, Rewritten, evaluate
 from ..simulate import Timeline, simulate
 from .consolidate import merge_regions_simulated
 from .cost import op_cost
@@ -113,13 +113,6 @@ class Drop:
     @property
     def score(self) -> float:
         return self.nbytes / (self.cost + 1.0)
-
-
-def evaluate(graph: Graph, schedule: Sequence[int],
-             regions: Sequence[Region]) -> tuple[Rewritten, Timeline]:
-    """Applies ``regions`` and simulates the result (the real measure)."""
-    rewritten = apply_plan(graph, schedule, regions)
-    return rewritten, simulate(rewritten.graph, rewritten.schedule, check=False)
 
 
 class Estimate:
