@@ -41,6 +41,29 @@ Recompute = pe.Recompute
 Offloadable = pe.Offloadable
 
 
+def register_discharge_rule(prim, rule) -> None:
+  """Registers ``rule(in_avals, out_avals, *args, **params) -> (new_invals,
+  outs)`` as ``prim``'s state-discharge rule. jax 0.11 calls such rules with one
+  context object (``DischargeContext``) in place of the two aval lists, and
+  says in it which ``Ref`` inputs to discharge; a region discharges all of its
+  refs at once, so a partial request is refused rather than half-honoured."""
+  context = getattr(state_discharge, "DischargeContext", None)
+  if context is None:
+    state_discharge.register_discharge_rule(prim)(rule)
+    return
+
+  def from_context(ctx, *args, **params):
+    kept = [i for i, (aval, should) in enumerate(zip(ctx.in_avals, ctx.should_discharge))
+            if isinstance(aval, AbstractRef) and not should]
+    if kept:
+      raise NotImplementedError(
+          f"{prim.name}: discharging only some of a region's refs (inputs {kept} "
+          "kept as refs) is not supported; discharge all of them.")
+    return rule(ctx.in_avals, ctx.out_avals, *args, **params)
+
+  state_discharge.register_discharge_rule(prim)(from_context)
+
+
 def debug_info(traced_for: str, fun, args, kwargs, static_argnums=()):
   """JAX's record of a traced function's name, argument names and source."""
   return api_util.debug_info(traced_for, fun, args, kwargs,

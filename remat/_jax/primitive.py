@@ -347,4 +347,4 @@ def remat_discharge(in_avals, out_avals, *args, jaxpr: core.Jaxpr, prevent_cse,
   new_vals = [next(finals) if isinstance(a, AbstractRef) else None for a in in_avals]
   return new_vals, outs[:len(jaxpr.outvars)]
 
-compat.state_discharge.register_discharge_rule(remat_p)(remat_discharge)
+compat.register_discharge_rule(remat_p, remat_discharge)
