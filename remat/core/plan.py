@@ -32,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 from typing import Sequence
@@ -39,7 +40,8 @@ from typing import Sequence
 from .graph import Graph, Op, Value
 from .simulate import Timeline, simulate
 
-__all__ = ["Region", "Rewritten", "PlanError", "apply_plan", "convex_hull", "evaluate"]
+__all__ = ["Region", "Rewritten", "PlanError", "apply_plan", "convex_hull", "evaluate",
+           "known_peak"]
 
 
 class PlanError(ValueError):
@@ -280,9 +282,61 @@ def _unit_order(graph: Graph, position, merged, block_of) -> list[int]:
     return order
 
 
+@dataclasses.dataclass
+class _Evaluated:
+    """What :func:`evaluate` remembers of one graph and schedule: every peak
+    (None for regions that could not be realized), and the last few results."""
+    peaks: dict = dataclasses.field(default_factory=dict)
+    results: collections.OrderedDict = dataclasses.field(
+        default_factory=collections.OrderedDict)
+
+
+#: Peaks a graph remembers in all (then it starts again), and whole results.
+_PEAKS_KEPT = 4096
+_RESULTS_KEPT = 4
+
+
 def evaluate(graph: Graph, schedule: Sequence[int],
              regions: Sequence[Region]) -> tuple[Rewritten, Timeline]:
     """Applies ``regions`` and simulates the result: the measure every planner's
-    plan is checked by. Raises :class:`PlanError` as :func:`apply_plan` does."""
-    rewritten = apply_plan(graph, schedule, regions)
-    return rewritten, simulate(rewritten.graph, rewritten.schedule, check=False)
+    plan is checked by. Raises :class:`PlanError` as :func:`apply_plan` does.
+
+    Planners evaluate the same regions again (a re-aimed sweep that picks the
+    same values, both starts of ``"standard"`` trying the same merges), so the
+    last few results are kept on ``graph`` and returned again (treat them as
+    read-only), and every peak is kept for :func:`known_peak`."""
+    memo = _evaluated(graph, schedule)
+    key = tuple(regions)
+    if key in memo.results:
+        memo.results.move_to_end(key)
+        return memo.results[key]
+    try:
+        rewritten = apply_plan(graph, schedule, regions)
+    except PlanError:
+        memo.peaks[key] = None
+        raise
+    result = rewritten, simulate(rewritten.graph, rewritten.schedule, check=False)
+    memo.peaks[key] = result[1].peak_bytes
+    memo.results[key] = result
+    if len(memo.results) > _RESULTS_KEPT:
+        memo.results.popitem(last=False)
+    return result
+
+
+def known_peak(graph: Graph, schedule: Sequence[int], regions: Sequence[Region]
+               ) -> int | None | bool:
+    """The simulated peak of ``regions`` applied on ``schedule`` if
+    :func:`evaluate` has worked it out for ``graph`` before; None if the regions
+    could not be realized then; False if it has not seen them. A trial known to
+    miss a limit need not be simulated again."""
+    return _evaluated(graph, schedule).peaks.get(tuple(regions), False)
+
+
+def _evaluated(graph: Graph, schedule: Sequence[int]) -> _Evaluated:
+    """What :func:`evaluate` remembers for ``graph`` and ``schedule`` (all of a
+    graph's is forgotten once it holds ``_PEAKS_KEPT`` peaks)."""
+    by_schedule = graph.__dict__.get("_evaluated")
+    if by_schedule is None or sum(len(m.peaks) for m in by_schedule.values()) >= _PEAKS_KEPT:
+        by_schedule = {}
+        object.__setattr__(graph, "_evaluated", by_schedule)
+    return by_schedule.setdefault(tuple(schedule), _Evaluated())

@@ -74,3 +74,21 @@ def test_the_simulation_of_the_merged_regions_comes_back_with_them():
     # no merge kept: nothing simulated
     assert consolidate.merge_regions_simulated(
         graph, tuple(range(graph.num_ops)), regions[:1], 10**9) == (regions[:1], None)
+
+
+def test_trials_known_to_miss_are_not_simulated_again(monkeypatch):
+    from remat.core import plan as plan_module
+    applied = []
+    real = plan_module.apply_plan
+    monkeypatch.setattr(plan_module, "apply_plan",
+                        lambda *a: applied.append(1) or real(*a))
+    graph = training_chain(6)
+    order = tuple(range(graph.num_ops))
+    regions = _segment_regions(6)
+    peak, _ = _peak_and_flops(graph, regions)
+    first = merge_regions(graph, order, regions, peak + 1000)
+    trials_first, applied[:] = len(applied), []
+    again = merge_regions(graph, order, regions, peak + 1000)
+    assert again == first
+    # the merges that missed are known: only those that fit are applied again
+    assert len(applied) < trials_first

@@ -69,3 +69,37 @@ def test_rewritten_graphs_pass_the_full_checks():
     for field in ("values", "ops", "inputs", "outputs", "donated", "users",
                   "predecessors", "successors", "topological_order"):
         assert getattr(checked, field) == getattr(g, field)
+
+
+def test_evaluate_remembers_peaks_and_recent_results(monkeypatch):
+    from remat.core import plan as plan_module
+    graph = training_chain(6)
+    order = tuple(range(graph.num_ops))
+    regions = [Region((0, 1), (9, 10)), Region((2,), (7, 8))]
+    assert plan_module.known_peak(graph, order, regions) is False
+    rw, tl = plan_module.evaluate(graph, order, regions)
+    assert plan_module.known_peak(graph, order, regions) == tl.peak_bytes
+    # the same regions again: the same result, nothing applied or simulated again
+    applied = []
+    real = plan_module.apply_plan
+    monkeypatch.setattr(plan_module, "apply_plan",
+                        lambda *a: applied.append(1) or real(*a))
+    assert plan_module.evaluate(graph, order, list(regions)) == (rw, tl)
+    assert not applied
+    # a peak is remembered beyond the last few results; a plan that cannot be
+    # realized is remembered as None
+    for k in range(1, 8):
+        plan_module.evaluate(graph, order, [Region((0,), (k + 5,))])
+    assert plan_module.known_peak(graph, order, regions) == tl.peak_bytes
+    b = GraphBuilder()
+    x = b.add_input(10)
+    (a,) = b.add_op("a", [x], [10])
+    (c,) = b.add_op("c", [a], [10])
+    (d,) = b.add_op("d", [c, a], [10])
+    g = b.build(outputs=[d])
+    bad = [Region(recompute=(1,), consumers=(0,))]
+    with pytest.raises(PlanError):
+        plan_module.evaluate(g, (0, 1, 2), bad)
+    assert plan_module.known_peak(g, (0, 1, 2), bad) is None
+    # another schedule is another plan
+    assert plan_module.known_peak(graph, order[::-1], regions) is False

@@ -38,7 +38,7 @@ import heapq
 from collections.abc import Sequence
 
 from ..graph import Graph
-from ..plan import PlanError, Region, Rewritten, evaluate
+from ..plan import PlanError, Region, Rewritten, evaluate, known_peak
 from ..simulate import Timeline
 from .cost import op_cost
 
@@ -56,7 +56,11 @@ def _key(r: Region) -> tuple[int, ...]:
 
 def _fits(graph: Graph, schedule: Sequence[int], regions: Sequence[Region],
           limit_bytes: int) -> tuple[Rewritten, Timeline] | None:
-    """The rewritten program and its simulation if it is within the limit."""
+    """The rewritten program and its simulation if it is within the limit (not
+    simulated again if an earlier evaluation of these regions missed it)."""
+    known = known_peak(graph, schedule, regions)
+    if known is None or (known is not False and known > limit_bytes):
+        return None
     try:
         rewritten, timeline = evaluate(graph, schedule, regions)
     except PlanError:     # merged regions depending on each other in a cycle
