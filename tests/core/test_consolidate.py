@@ -52,11 +52,16 @@ def test_disjoint_regions_are_left_alone():
     assert merge_regions(graph, tuple(range(graph.num_ops)), regions, 10**9) == regions
 
 
-def test_a_run_of_merges_that_all_fit_takes_one_simulation(monkeypatch):
+def _counted(monkeypatch, module, name: str) -> list:
+    """Replaces ``module.name`` by a wrapper recording each call; the record."""
     calls = []
-    real = consolidate._fits
-    monkeypatch.setattr(consolidate, "_fits",
-                        lambda *a: calls.append(1) or real(*a))
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+def test_a_run_of_merges_that_all_fit_takes_one_simulation(monkeypatch):
+    calls = _counted(monkeypatch, consolidate, "_fits")
     graph = training_chain(6)
     merged = merge_regions(graph, tuple(range(graph.num_ops)), _segment_regions(6),
                            10**9)
@@ -78,10 +83,7 @@ def test_the_simulation_of_the_merged_regions_comes_back_with_them():
 
 def test_trials_known_to_miss_are_not_simulated_again(monkeypatch):
     from remat.core import plan as plan_module
-    applied = []
-    real = plan_module.apply_plan
-    monkeypatch.setattr(plan_module, "apply_plan",
-                        lambda *a: applied.append(1) or real(*a))
+    applied = _counted(monkeypatch, plan_module, "apply_plan")
     graph = training_chain(6)
     order = tuple(range(graph.num_ops))
     regions = _segment_regions(6)

@@ -45,17 +45,21 @@ def test_overlapping_regions_are_merged():
     assert set(rw.regions[0].recompute) == {1, 2}
 
 
-def test_cycle_is_refused():
+def _unrealizable():
+    """A graph and a region whose copy of op 1 reads ``a``, which op 0 defines
+    inside the same block: the block would have to run before itself."""
     b = GraphBuilder()
     x = b.add_input(10)
     (a,) = b.add_op("a", [x], [10])
     (c,) = b.add_op("c", [a], [10])
     (d,) = b.add_op("d", [c, a], [10])
-    g = b.build(outputs=[d])
-    # The copy of op 1 reads ``a``, which op 0 defines inside the same block: the
-    # block would have to run before itself.
+    return b.build(outputs=[d]), [Region(recompute=(1,), consumers=(0,))]
+
+
+def test_cycle_is_refused():
+    g, regions = _unrealizable()
     with pytest.raises(PlanError, match="its own region"):
-        apply_plan(g, (0, 1, 2), [Region(recompute=(1,), consumers=(0,))])
+        apply_plan(g, (0, 1, 2), regions)
 
 
 def test_rewritten_graphs_pass_the_full_checks():
@@ -91,13 +95,7 @@ def test_evaluate_remembers_peaks_and_recent_results(monkeypatch):
     for k in range(1, 8):
         plan_module.evaluate(graph, order, [Region((0,), (k + 5,))])
     assert plan_module.known_peak(graph, order, regions) == tl.peak_bytes
-    b = GraphBuilder()
-    x = b.add_input(10)
-    (a,) = b.add_op("a", [x], [10])
-    (c,) = b.add_op("c", [a], [10])
-    (d,) = b.add_op("d", [c, a], [10])
-    g = b.build(outputs=[d])
-    bad = [Region(recompute=(1,), consumers=(0,))]
+    g, bad = _unrealizable()
     with pytest.raises(PlanError):
         plan_module.evaluate(g, (0, 1, 2), bad)
     assert plan_module.known_peak(g, (0, 1, 2), bad) is None
