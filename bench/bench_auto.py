@@ -162,7 +162,8 @@ def main() -> None:
                       [float(x) for x in args.limits.split(",")], args.rounds)
   result_file("auto").write_text(
       f"Device: {jax.default_backend()}, jax {jax.__version__}; median of "
-      f"{args.rounds} steps.\n\n{HEADER}\n" + "\n".join(_line(r) for r in rows) + "\n")
+      f"{args.rounds} samples, each at least {_MIN_SAMPLE_SECONDS * 1000:.0f} ms of "
+      f"steps.\n\n{HEADER}\n" + "\n".join(_line(r) for r in rows) + "\n")
   plot(rows, result_file("auto", ".png"))
 
 
