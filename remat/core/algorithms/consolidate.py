@@ -13,7 +13,9 @@ simulated for real, is still within the limit. Most merges fit, so the whole run
 is checked first, in one simulation; when it does not fit, the first merge that
 breaks the limit is found by bisection, left out, and merging goes on from the
 run before it, probing 1, 2, 4, ... merges from then on (near the limit, breaking
-merges come thick). ``max_trials`` bounds the simulations.
+merges come thick). ``max_trials`` bounds the trials; a trial whose regions are
+known to miss the limit (simulated before, in this or an earlier merge run:
+:func:`remat.core.plan.known_peak`) is not simulated again.
 
 Example::
 
