@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
+import math
 from typing import Sequence
 
 from .graph import Graph, Op, Value
@@ -285,7 +286,7 @@ def _unit_order(graph: Graph, position, merged, block_of) -> list[int]:
 @dataclasses.dataclass
 class _Evaluated:
     """What :func:`evaluate` remembers of one graph and schedule: every peak
-    (None for regions that could not be realized), and the last few results."""
+    (infinite for regions that could not be realized), and the last few results."""
     peaks: dict = dataclasses.field(default_factory=dict)
     results: collections.OrderedDict = dataclasses.field(
         default_factory=collections.OrderedDict)
@@ -313,7 +314,7 @@ def evaluate(graph: Graph, schedule: Sequence[int],
     try:
         rewritten = apply_plan(graph, schedule, regions)
     except PlanError:
-        memo.peaks[key] = None
+        memo.peaks[key] = math.inf
         raise
     result = rewritten, simulate(rewritten.graph, rewritten.schedule, check=False)
     memo.peaks[key] = result[1].peak_bytes
@@ -324,12 +325,12 @@ def evaluate(graph: Graph, schedule: Sequence[int],
 
 
 def known_peak(graph: Graph, schedule: Sequence[int], regions: Sequence[Region]
-               ) -> int | None | bool:
+               ) -> float | None:
     """The simulated peak of ``regions`` applied on ``schedule`` if
-    :func:`evaluate` has worked it out for ``graph`` before; None if the regions
-    could not be realized then; False if it has not seen them. A trial known to
-    miss a limit need not be simulated again."""
-    return _evaluated(graph, schedule).peaks.get(tuple(regions), False)
+    :func:`evaluate` has worked it out for ``graph`` before (infinite if the
+    regions could not be realized), else None. A trial known to miss a limit
+    need not be simulated again."""
+    return _evaluated(graph, schedule).peaks.get(tuple(regions))
 
 
 def _evaluated(graph: Graph, schedule: Sequence[int]) -> _Evaluated:

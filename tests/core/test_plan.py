@@ -80,7 +80,7 @@ def test_evaluate_remembers_peaks_and_recent_results(monkeypatch):
     graph = training_chain(6)
     order = tuple(range(graph.num_ops))
     regions = [Region((0, 1), (9, 10)), Region((2,), (7, 8))]
-    assert plan_module.known_peak(graph, order, regions) is False
+    assert plan_module.known_peak(graph, order, regions) is None
     rw, tl = plan_module.evaluate(graph, order, regions)
     assert plan_module.known_peak(graph, order, regions) == tl.peak_bytes
     # the same regions again: the same result, nothing applied or simulated again
@@ -91,13 +91,13 @@ def test_evaluate_remembers_peaks_and_recent_results(monkeypatch):
     assert plan_module.evaluate(graph, order, list(regions)) == (rw, tl)
     assert not applied
     # a peak is remembered beyond the last few results; a plan that cannot be
-    # realized is remembered as None
+    # realized is remembered as an infinite peak
     for k in range(1, 8):
         plan_module.evaluate(graph, order, [Region((0,), (k + 5,))])
     assert plan_module.known_peak(graph, order, regions) == tl.peak_bytes
     g, bad = _unrealizable()
     with pytest.raises(PlanError):
         plan_module.evaluate(g, (0, 1, 2), bad)
-    assert plan_module.known_peak(g, (0, 1, 2), bad) is None
+    assert plan_module.known_peak(g, (0, 1, 2), bad) == float("inf")
     # another schedule is another plan
-    assert plan_module.known_peak(graph, order[::-1], regions) is False
+    assert plan_module.known_peak(graph, order[::-1], regions) is None

@@ -61,7 +61,7 @@ def _fits(graph: Graph, schedule: Sequence[int], regions: Sequence[Region],
     """The rewritten program and its simulation if it is within the limit (not
     simulated again if an earlier evaluation of these regions missed it)."""
     known = known_peak(graph, schedule, regions)
-    if known is None or (known is not False and known > limit_bytes):
+    if known is not None and known > limit_bytes:
         return None
     try:
         rewritten, timeline = evaluate(graph, schedule, regions)
