@@ -75,8 +75,8 @@ def planner_rows(name: str, limits) -> list[str]:
       r, seconds = results[algorithm]
       ratio = (f"{r.extra_flops / opt.extra_flops:.2f}"
                if opt.met and r.met and opt.extra_flops else "-")
-      status = f" ({opt.status}, gap {opt.gap:.1%})" if (
-          algorithm == "optimal" and opt.gap is not None) else ""
+      gap = f", gap {opt.gap:.1%}" if opt.gap is not None else ""
+      status = f" ({opt.status}{gap})" if algorithm == "optimal" else ""
       lines.append(f"| {name} | {graph.num_ops} | {fraction:.0%} | {algorithm}{status} | "
                    f"{r.timeline.peak_bytes / 2**20:.2f} / {limit / 2**20:.2f} | "
                    f"{'yes' if r.met else 'NO'} | {r.extra_flops / 1e6:.2f} | {ratio} | "

@@ -200,7 +200,8 @@ class _ScriptedXla(auto._Search):
   """The search with XLA replaced by a rule: XLA's footprint as a function of the
   planning target, so that the search policy itself is under test."""
 
-  def __init__(self, xla_of_target, limit, peak_of_target=lambda t: t):
+  def __init__(self, xla_of_target, limit, peak_of_target=lambda t: t,
+               flops_of_target=None):
     ws, x = _inputs(9)
     closed, out_tree = auto._trace(jax.value_and_grad(_loss), (ws, x), {})
     graph = auto._graph_of(inline_calls(closed))
@@ -210,14 +211,16 @@ class _ScriptedXla(auto._Search):
     baseline = auto.XlaFootprint(argument=0, output=0, temp=peak, alias=0)
     super().__init__(closed, graph, out_tree, None, settings, baseline, limit, 0.0)
     self.xla_of_target, self.peak_of_target = xla_of_target, peak_of_target
+    # lower targets: more recompute
+    self.flops_of_target = flops_of_target or (lambda t: 1e9 / max(peak_of_target(t), 1))
     self.targets = []
 
   def compiled_plan(self, schedule, target, small, first=False):
     self.targets.append(target)
     footprint = auto.XlaFootprint(0, 0, self.xla_of_target(target), 0)
     peak = self.peak_of_target(target)
-    result = SimpleNamespace(met=True, timeline=SimpleNamespace(peak_bytes=peak),
-                             extra_flops=1e9 / max(peak, 1))   # lower: more recompute
+    result = SimpleNamespace(met=True, timeline=SimpleNamespace(peak_bytes=peak), regions=(),
+                             extra_flops=self.flops_of_target(target))
     return SimpleNamespace(met=footprint.total <= self.limit, planned=footprint,
                            result=result, extra_flops=result.extra_flops)
 
@@ -244,6 +247,22 @@ def test_search_stops_at_a_plan_near_the_limit():
   search = _ScriptedXla(lambda t: t - 100_000, limit)    # met at once, 1% under
   search.on_order(search.schedule)
   assert search.targets == [limit] and len(search.met) == 1
+
+
+def test_search_bisects_back_when_a_met_plan_costs_far_more_than_a_near_miss():
+  # As XLA:GPU read the 12-layer chain at 30%: a far miss, a near miss (3% over,
+  # 1 GFLOP), then a plan under the limit with little room but 10x the recompute.
+  limit = 10_000_000
+  xla = lambda t: 12_000_000 if t > 9_000_000 else 10_300_000 if t > 7_800_000 else 9_900_000
+  flops = lambda t: 1e9 if t >= 7_700_000 else 1e10
+  search = _ScriptedXla(xla, limit, flops_of_target=flops)
+  search.on_order(search.schedule)
+  t = search.targets
+  first_met = next(k for k, x in enumerate(t) if xla(x) <= limit)
+  assert flops(t[first_met]) == 1e10      # the overshoot, as on the GPU
+  assert any(7_800_000 > x > t[first_met] for x in t[first_met + 1:])
+  best = min(search.met, key=lambda p: p.extra_flops)
+  assert best.extra_flops == 1e9 and best.planned.total <= limit
 
 
 def test_search_never_aims_where_only_a_missed_plan_lies():

@@ -472,11 +472,11 @@ def _best_drops(est: Estimate, live: list[int], peak: int, depth: int,
 
 
 def best_of(results: Sequence[PlanResult]) -> PlanResult:
-    """The cheapest plan that meets its limit, else the one with the lowest peak."""
+    """The cheapest plan that meets its limit, else the cheapest with the lowest peak."""
     met = [r for r in results if r.met]
     if met:
         return min(met, key=lambda r: r.extra_flops)
-    return min(results, key=lambda r: r.timeline.peak_bytes)
+    return min(results, key=lambda r: (r.timeline.peak_bytes, r.extra_flops))
 
 
 def give_back(est: Estimate, target: int) -> list[Drop]:
@@ -551,7 +551,8 @@ def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,
         except PlanError:
             break
         result = PlanResult(tuple(rw.regions), rw, tl, baseline, limit)
-        if best is None or tl.peak_bytes < best.timeline.peak_bytes:
+        if best is None or (tl.peak_bytes, rw.extra_flops) < (
+                best.timeline.peak_bytes, best.extra_flops):
             best = result
         if result.met or not drops:
             break
