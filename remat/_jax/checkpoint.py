@@ -88,7 +88,8 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
     in_avals = tuple(core.shaped_abstractify(x) for x in flat_args)
     dbg = compat.debug_info("remat.checkpoint", fun, args, kwargs,
                             static_argnums=tuple(static_argnums))
-    jaxpr, consts, out_tree = _trace(dyn_fun, in_tree, in_avals, dbg)
+    jaxpr, consts, out_tree = _trace(dyn_fun, in_tree, in_avals,
+                                     refs.ref_kinds(in_avals), dbg)
     cse = _flat_prevent_cse(prevent_cse, len(consts), dyn_args, kwargs,
                             static_argnums, len(args))
     params = dict(differentiated=False, policy=policy, lowering=lowering, num_late=0)
@@ -266,8 +267,10 @@ def _with_statics(fun, static: frozenset[int], statics: tuple[_Static, ...],
 
 
 @compat.weakref_lru_cache
-def _trace(fun, in_tree, in_avals, dbg):
-  """Traces ``fun`` on abstract arguments to ``(jaxpr, consts, out_tree)``."""
+def _trace(fun, in_tree, in_avals, ref_kinds, dbg):
+  """Traces ``fun`` on abstract arguments to ``(jaxpr, consts, out_tree)``.
+  ``ref_kinds`` is part of the cache key only: JAX's ref avals compare equal
+  whatever their kind, and the kind changes what the recomputation replays."""
   out_tree_cell = []
 
   def flat_fun(*flat):

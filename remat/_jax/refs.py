@@ -13,7 +13,9 @@ again? Two answers, chosen with ``checkpoint(..., ref_effects=...)``:
   outside the region. Gradients are those of the original program, whatever the
   ref's kind, and the recomputation cannot disturb the refs.
 - ``"replay"``: the refs themselves enter the region, so the recomputation reads
-  their current values and repeats the writes (what ``jax.checkpoint`` does).
+  their current values and repeats the writes (what ``jax.checkpoint`` does),
+  except for refs of kind ``"no_grad_no_remat"``, whose accesses JAX's partial
+  evaluator never recomputes.
 
 The body is traced once either way; the rewrite works on its jaxpr.
 """
@@ -40,6 +42,20 @@ class PureRegion(NamedTuple):
 def ref_positions(jaxpr: core.Jaxpr) -> tuple[int, ...]:
   return tuple(i for i, v in enumerate(jaxpr.invars)
                if isinstance(v.aval, AbstractRef))
+
+
+def ref_kinds(avals) -> tuple:
+  """The kind of each ref among ``avals`` (None for other avals). JAX's ref
+  avals compare equal whatever their kind, so a cache keyed on avals needs this
+  beside them.
+
+  >>> import jax
+  >>> ref_kinds([jax.typeof(jax.new_ref(0.0, kind="no_grad_no_remat")),
+  ...            jax.typeof(1.0)])
+  ('no_grad_no_remat', None)
+  """
+  return tuple(getattr(a, "kind", None) if isinstance(a, AbstractRef) else None
+               for a in avals)
 
 
 def _written_inputs(jaxpr: core.Jaxpr) -> set[int]:

@@ -31,16 +31,37 @@ def test_seed_example_effects_once(kind, jit):
   assert float(x_ref[...]) == 2.0
 
 
+#: (gradient, final ref value) of the seed example under ref_effects="replay": a
+#: plain ref's read and write are replayed by the recomputation; JAX never
+#: rematerializes accesses to a "no_grad_no_remat" ref, so it keeps the forward
+#: read and writes once (what jax.checkpoint gives in a fresh process).
+REPLAYED = {None: (2.0, 3.0), "no_grad_no_remat": (1.0, 2.0)}
+
+
+def _replayed(kind, jit, fun=_seed_example):
+  x_ref = jax.new_ref(1.0, kind=kind)
+  f = remat.checkpoint(fun, ref_effects="replay")
+  grad = _maybe_jit(jax.grad(f), jit)(1.0, x_ref)
+  return float(grad), float(x_ref[...])
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("jit", JIT)
 def test_replay_is_explicit(kind, jit):
   # ref_effects="replay" recomputes with the ref's current value and repeats the
-  # write, as jax.checkpoint does.
-  x_ref = jax.new_ref(1.0, kind=kind)
-  f = remat.checkpoint(_seed_example, ref_effects="replay")
-  grad = _maybe_jit(jax.grad(f), jit)(1.0, x_ref)
-  assert float(grad) == 2.0
-  assert float(x_ref[...]) == 3.0
+  # write, as jax.checkpoint does, for the refs JAX rematerializes.
+  assert _replayed(kind, jit) == REPLAYED[kind]
+
+
+@pytest.mark.parametrize("jit", JIT)
+def test_replay_does_not_depend_on_the_kind_traced_before(jit):
+  # JAX's ref avals compare equal whatever their kind: a trace cached for a
+  # plain ref must not be reused for a "no_grad_no_remat" one, or the other way.
+  def example(y, x_ref):
+    return _seed_example(y, x_ref)
+  assert _replayed(None, jit, example) == REPLAYED[None]
+  assert _replayed("no_grad_no_remat", jit, example) == REPLAYED["no_grad_no_remat"]
+  assert _replayed(None, jit, example) == REPLAYED[None]
 
 
 @pytest.mark.parametrize("kind", KINDS)
