@@ -117,11 +117,44 @@ def test_reused_chains_give_the_plans_fresh_ones_give(seed, name, monkeypatch):
         options = RematOptions(int(fixed + fraction * (tl.peak_bytes - fixed)), name,
                                small_node_bytes=0)
         reused = get_algorithm(name)(g, order, options)
+        g.__dict__.pop("_trajectories", None)   # sweep again, not replay
         with monkeypatch.context() as m:
             m.setattr(greedy._Chains, "get", afresh)
             fresh = get_algorithm(name)(g, order, options)
         assert reused.regions == fresh.regions
         assert reused.timeline.peak_bytes == fresh.timeline.peak_bytes
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("name", ["standard", "path"])
+def test_replayed_sweeps_give_the_plans_fresh_sweeps_give(seed, name):
+    # A graph keeps each strategy's trajectory and later sweeps replay it; plans
+    # for targets asked in any order must be those of a graph planned afresh.
+    from remat.core.algorithms import greedy
+    from .random_graphs import random_dag
+    g = random_dag(seed, num_ops=60)
+    order = tuple(range(g.num_ops))
+    tl = simulate(g, order)
+    fixed = tl.input_bytes + tl.output_bytes
+    replays = []
+    real_swept = greedy.swept
+
+    def counting(graph, *args):
+        replays.append(len(graph.__dict__.get("_trajectories", {})))
+        return real_swept(graph, *args)
+
+    greedy.swept = counting
+    try:
+        for fraction in (0.6, 0.3, 0.45, 0.8, 0.2):
+            options = RematOptions(int(fixed + fraction * (tl.peak_bytes - fixed)),
+                                   name, small_node_bytes=0)
+            kept = get_algorithm(name)(g, order, options)
+            fresh = get_algorithm(name)(random_dag(seed, num_ops=60), order, options)
+            assert kept.regions == fresh.regions
+            assert kept.timeline.peak_bytes == fresh.timeline.peak_bytes
+    finally:
+        greedy.swept = real_swept
+    assert max(replays) > 0    # trajectories were there to replay
 
 
 def test_a_plan_that_cannot_be_realized_is_reported_not_raised():

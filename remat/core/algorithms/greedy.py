@@ -387,13 +387,31 @@ class _Chains:
         return tuple(sorted(chain)), starts
 
 
-def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
-          ) -> None:
+@dataclasses.dataclass
+class Trajectory:
+    """The drops one strategy's sweep takes from the program as written, in order.
+
+    Which drop a sweep takes next depends on the drops before it, never on the
+    target, which only says when to stop; so a sweep for any target is a prefix of
+    one trajectory, and the planners (re-aiming, attempts at other targets) replay
+    it instead of sweeping again. ``peaks[k]`` is the estimated peak after the
+    first ``k`` drops; ``depth`` the chain length reached; ``exhausted`` whether
+    the sweep ended with nothing left to drop."""
+
+    drops: list[Drop] = dataclasses.field(default_factory=list)
+    peaks: list[int] = dataclasses.field(default_factory=list)
+    depth: int = 1
+    exhausted: bool = False
+
+
+def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy,
+          trajectory: Trajectory | None = None) -> None:
     """Drops values at the estimated peak until it is within ``target``
-    (recorded in ``est.drops``)."""
+    (recorded in ``est.drops``). With a ``trajectory`` whose drops ``est`` holds,
+    goes on from its end and records what it adds."""
     graph = est.graph
     inputs, outputs = set(graph.inputs), set(graph.outputs)
-    depth = strategy.start_depth
+    depth = strategy.start_depth if trajectory is None else trajectory.depth
     chains = _Chains(est, [strategy.allows(graph, o) for o in range(graph.num_ops)],
                      inputs)
     bounds = [0.0 if value.producer is None else
@@ -410,6 +428,8 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
     gone = np.array([int(v) in dropped for v in eligible], dtype=bool)
     while True:
         peak_bytes, peak = est.peak()
+        if trajectory is not None and len(trajectory.peaks) == len(trajectory.drops):
+            trajectory.peaks.append(peak_bytes)
         if peak_bytes <= target:
             return
         live = eligible[(born < peak) & (peak <= dies) & ~gone].tolist()
@@ -425,10 +445,46 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy
             chains.dropped(chosen.value)
             k = index[chosen.value]
             dies[k], gone[k] = est.dies[chosen.value], True
+            if trajectory is not None:
+                trajectory.drops.append(chosen)
         else:
             if not strategy.grow or depth >= options.max_chain_ops:
+                if trajectory is not None:
+                    trajectory.exhausted = True
                 return
             depth = min(2 * depth, options.max_chain_ops)
+            if trajectory is not None:
+                trajectory.depth = depth
+
+
+def swept(graph: Graph, schedule: Sequence[int], baseline: Timeline,
+          merge_segments: bool, target: int, options: RematOptions,
+          strategy: Strategy) -> Estimate:
+    """A fresh estimate swept by ``strategy`` to ``target``: the same drops as
+    :func:`sweep`, replayed from the graph's :class:`Trajectory` for this
+    schedule and strategy as far as it goes, and swept on from its end."""
+    key = (tuple(schedule), strategy, merge_segments, options.small_node_bytes,
+           options.max_chain_ops)
+    known = graph.__dict__.get("_trajectories")
+    if known is None or len(known) >= _TRAJECTORIES_KEPT and key not in known:
+        known = {}
+        object.__setattr__(graph, "_trajectories", known)
+    trajectory = known.setdefault(key, Trajectory(depth=strategy.start_depth))
+    est = Estimate(graph, schedule, baseline, merge_segments)
+    for k, drop in enumerate(trajectory.drops):
+        if trajectory.peaks[k] <= target:
+            return est
+        est.add(drop)
+    if trajectory.exhausted or (len(trajectory.peaks) > len(trajectory.drops) and
+                                trajectory.peaks[-1] <= target):
+        return est
+    sweep(est, target, options, strategy, trajectory)
+    return est
+
+
+#: Trajectories a graph keeps (then it starts again): a few orders x strategies x
+#: segment modes x small-node limits.
+_TRAJECTORIES_KEPT = 64
 
 
 #: Drops worked out in full per step before the rest are (see _best_drops).
@@ -540,9 +596,13 @@ def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,
     best: PlanResult | None = None
     target = limit
     for _ in range(_REAIM):
-        est = Estimate(graph, schedule, baseline, merge_segments)
-        for strategy in phases:
-            sweep(est, target, options, strategy)
+        if len(phases) == 1:     # the sweep is one trajectory's prefix
+            est = swept(graph, schedule, baseline, merge_segments, target, options,
+                        phases[0])
+        else:                    # where the first phase stops depends on the target
+            est = Estimate(graph, schedule, baseline, merge_segments)
+            for strategy in phases:
+                sweep(est, target, options, strategy)
         drops = est.drops
         if keep is not None:
             drops = keep(est, target)
