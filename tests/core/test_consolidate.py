@@ -90,7 +90,23 @@ def test_trials_known_to_miss_are_not_simulated_again(monkeypatch):
     peak, _ = _peak_and_flops(graph, regions)
     first = merge_regions(graph, order, regions, peak + 1000)
     trials_first, applied[:] = len(applied), []
+    graph.__dict__.pop("_merged")       # not the answer: the trials again
     again = merge_regions(graph, order, regions, peak + 1000)
     assert again == first
     # the merges that missed are known: only those that fit are applied again
     assert len(applied) < trials_first
+
+
+def test_the_same_question_is_answered_from_memory(monkeypatch):
+    # Both starts of "standard" often hand over the same regions.
+    calls = _counted(monkeypatch, consolidate, "_fits")
+    graph = training_chain(6)
+    order = tuple(range(graph.num_ops))
+    regions = _segment_regions(6)
+    peak, _ = _peak_and_flops(graph, regions)
+    first = consolidate.merge_regions_simulated(graph, order, regions, peak + 1000)
+    trials = len(calls)
+    again = consolidate.merge_regions_simulated(graph, order, regions, peak + 1000)
+    assert again == first and again[0] is not first[0] and len(calls) == trials > 0
+    consolidate.merge_regions_simulated(graph, order, regions, peak + 2000)
+    assert len(calls) > trials          # another limit: another question

@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import heapq
 from collections.abc import Sequence
 
@@ -118,7 +119,33 @@ def merge_regions_simulated(graph: Graph, schedule: Sequence[int],
                             max_trials: int = 200
                             ) -> tuple[list[Region], tuple[Rewritten, Timeline] | None]:
     """:func:`merge_regions`, with the rewritten program and simulation of the
-    regions returned when a trial made them (None when no merge was kept)."""
+    regions returned when a trial made them (None when no merge was kept).
+
+    The last few answers are kept on ``graph``: both starts of ``"standard"``
+    often hand over the same regions (on the 12-layer chain, every time)."""
+    key = (tuple(schedule), tuple(regions), limit_bytes, max_trials)
+    memo = graph.__dict__.get("_merged")
+    if memo is None:
+        memo = collections.OrderedDict()
+        object.__setattr__(graph, "_merged", memo)
+    if key in memo:
+        memo.move_to_end(key)
+    else:
+        memo[key] = _merge_regions_simulated(graph, schedule, regions, limit_bytes,
+                                             max_trials)
+        if len(memo) > _MERGES_KEPT:
+            memo.popitem(last=False)
+    merged, simulated = memo[key]
+    return list(merged), simulated
+
+
+#: Answers of :func:`merge_regions_simulated` a graph keeps.
+_MERGES_KEPT = 4
+
+
+def _merge_regions_simulated(graph: Graph, schedule: Sequence[int],
+                             regions: Sequence[Region], limit_bytes: int,
+                             max_trials: int):
     regions = list(regions)
     simulated = None        # the simulation of ``regions`` once a merge is kept
     costs = [op_cost(graph, o) for o in range(graph.num_ops)]
