@@ -15,7 +15,10 @@ chain's outputs occupy memory again at the late reader. The regions it chooses a
 then applied once (``remat.core.plan.apply_plan``) and simulated for real; if the
 real peak is over the limit, the engine runs again aiming lower by the difference.
 Within a sweep, a value's chain is worked out once and reused until a value it
-starts from is dropped (``_Chains``).
+starts from is dropped (``_Chains``). Which value a sweep drops next never
+depends on its target, only where it stops, so each graph keeps each strategy's
+sweep (a :class:`Trajectory`) and later sweeps, re-aimed or for another attempt,
+replay it and go on from its end (``swept``).
 
 A value that an earlier region's chain reads can be dropped too: either each
 region that needs it recomputes it (the default), or, when one region needs it,
