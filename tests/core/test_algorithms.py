@@ -126,7 +126,7 @@ def test_reused_chains_give_the_plans_fresh_ones_give(seed, name, monkeypatch):
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("name", ["standard", "path"])
+@pytest.mark.parametrize("name", ["standard", "path", "standardcompress"])
 def test_replayed_sweeps_give_the_plans_fresh_sweeps_give(seed, name):
     # A graph keeps each strategy's trajectory and later sweeps replay it; plans
     # for targets asked in any order must be those of a graph planned afresh.

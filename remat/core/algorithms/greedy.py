@@ -16,7 +16,7 @@ then applied once (``remat.core.plan.apply_plan``) and simulated for real; if th
 real peak is over the limit, the engine runs again aiming lower by the difference.
 Within a sweep, a value's chain is worked out once and reused until a value it
 starts from is dropped (``_Chains``). Which value a sweep drops next never
-depends on its target, only where it stops, so each graph keeps each strategy's
+depends on its target, only where it stops, so each graph keeps each phase's
 sweep (a :class:`Trajectory`) and later sweeps, re-aimed or for another attempt,
 replay it and go on from its end (``swept``).
 
@@ -392,7 +392,8 @@ class _Chains:
 
 @dataclasses.dataclass
 class Trajectory:
-    """The drops one strategy's sweep takes from the program as written, in order.
+    """The drops one strategy's sweep takes, in order, from the program as
+    written (or as the phases before it left it, with nothing left to drop).
 
     Which drop a sweep takes next depends on the drops before it, never on the
     target, which only says when to stop; so a sweep for any target is a prefix of
@@ -462,26 +463,32 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy,
 
 def swept(graph: Graph, schedule: Sequence[int], baseline: Timeline,
           merge_segments: bool, target: int, options: RematOptions,
-          strategy: Strategy) -> Estimate:
-    """A fresh estimate swept by ``strategy`` to ``target``: the same drops as
-    :func:`sweep`, replayed from the graph's :class:`Trajectory` for this
-    schedule and strategy as far as it goes, and swept on from its end."""
-    key = (tuple(schedule), strategy, merge_segments, options.small_node_bytes,
-           options.max_chain_ops)
+          phases: Sequence[Strategy]) -> Estimate:
+    """A fresh estimate swept to ``target`` by each of ``phases`` in turn: the
+    drops :func:`sweep` takes, replayed from the graph's :class:`Trajectory` of
+    each phase as far as it goes, and swept on from its end. A phase starts only
+    once the one before it has nothing left to drop (else the target is
+    reached), so from the same state every time: its trajectory is kept per the
+    phases before it too."""
     known = graph.__dict__.get("_trajectories")
-    if known is None or len(known) >= _TRAJECTORIES_KEPT and key not in known:
+    if known is None or len(known) >= _TRAJECTORIES_KEPT:
         known = {}
         object.__setattr__(graph, "_trajectories", known)
-    trajectory = known.setdefault(key, Trajectory(depth=strategy.start_depth))
     est = Estimate(graph, schedule, baseline, merge_segments)
-    for k, drop in enumerate(trajectory.drops):
-        if trajectory.peaks[k] <= target:
+    for n, strategy in enumerate(phases):
+        key = (tuple(schedule), tuple(phases[:n + 1]), merge_segments,
+               options.small_node_bytes, options.max_chain_ops)
+        trajectory = known.setdefault(key, Trajectory(depth=strategy.start_depth))
+        for k, drop in enumerate(trajectory.drops):
+            if trajectory.peaks[k] <= target:
+                return est
+            est.add(drop)
+        if len(trajectory.peaks) > len(trajectory.drops) and trajectory.peaks[-1] <= target:
             return est
-        est.add(drop)
-    if trajectory.exhausted or (len(trajectory.peaks) > len(trajectory.drops) and
-                                trajectory.peaks[-1] <= target):
-        return est
-    sweep(est, target, options, strategy, trajectory)
+        if not trajectory.exhausted:
+            sweep(est, target, options, strategy, trajectory)
+            if not trajectory.exhausted:     # it stopped at the target
+                return est
     return est
 
 
@@ -599,13 +606,7 @@ def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,
     best: PlanResult | None = None
     target = limit
     for _ in range(_REAIM):
-        if len(phases) == 1:     # the sweep is one trajectory's prefix
-            est = swept(graph, schedule, baseline, merge_segments, target, options,
-                        phases[0])
-        else:                    # where the first phase stops depends on the target
-            est = Estimate(graph, schedule, baseline, merge_segments)
-            for strategy in phases:
-                sweep(est, target, options, strategy)
+        est = swept(graph, schedule, baseline, merge_segments, target, options, phases)
         drops = est.drops
         if keep is not None:
             drops = keep(est, target)
