@@ -346,6 +346,7 @@ def _costly(met: list, near) -> bool:
   under it (7x the step time) in one retry."""
   if not met or near is None:
     return False
+  # A near miss recomputing (almost) nothing makes no met plan costly by itself.
   return min(p.extra_flops for p in met) > _COST_JUMP * (near[1].extra_flops + 1e6)
 
 
@@ -372,8 +373,8 @@ class _Search:
   up to ``_REFINES`` times or until a plan repeats, since a plan nearer the
   limit recomputes less; and so it is, from the near miss, when a met plan
   without such room recomputes over ``_COST_JUMP`` times the FLOPs of a plan XLA
-  read at most ``_NEAR_MISS`` over the limit (see :func:`_costly`). A plan with the regions of one tried before is not
-  compiled again. The first order with a met plan ends the search (which order
+  read at most ``_NEAR_MISS`` over the limit (see :func:`_costly`). A plan with
+  the regions of one tried before is not compiled again. The first order with a met plan ends the search (which order
   goes on when: :func:`_search_orders`); the met plan with the least recompute
   is the answer.
   """

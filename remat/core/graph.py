@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 __all__ = ["Value", "Op", "Graph", "GraphBuilder", "GraphError", "FUSION_KINDS"]
 
@@ -153,6 +153,17 @@ class Graph:
         object.__setattr__(self, "users", tuple(tuple(u) for u in users))
         object.__setattr__(self, "predecessors", tuple(predecessors))
         object.__setattr__(self, "successors", tuple(tuple(s) for s in successors))
+
+    def memo(self, name: str, make: Callable[[], Any],
+             full: Callable[[Any], bool] = lambda memo: False) -> Any:
+        """What a planner remembers about this graph under ``name`` (the graph
+        never changes, so what was worked out from it stays true): ``make()``
+        the first time, and again once ``full(memo)`` says it holds enough."""
+        memo = self.__dict__.get(name)
+        if memo is None or full(memo):
+            memo = make()
+            object.__setattr__(self, name, memo)
+        return memo
 
     @property
     def num_ops(self) -> int:

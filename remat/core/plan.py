@@ -336,8 +336,7 @@ def known_peak(graph: Graph, schedule: Sequence[int], regions: Sequence[Region]
 def _evaluated(graph: Graph, schedule: Sequence[int]) -> _Evaluated:
     """What :func:`evaluate` remembers for ``graph`` and ``schedule`` (all of a
     graph's is forgotten once it holds ``_PEAKS_KEPT`` peaks)."""
-    by_schedule = graph.__dict__.get("_evaluated")
-    if by_schedule is None or sum(len(m.peaks) for m in by_schedule.values()) >= _PEAKS_KEPT:
-        by_schedule = {}
-        object.__setattr__(graph, "_evaluated", by_schedule)
+    by_schedule = graph.memo(
+        "_evaluated", dict,
+        full=lambda memo: sum(len(m.peaks) for m in memo.values()) >= _PEAKS_KEPT)
     return by_schedule.setdefault(tuple(schedule), _Evaluated())

@@ -81,13 +81,17 @@ def test_the_simulation_of_the_merged_regions_comes_back_with_them():
         graph, tuple(range(graph.num_ops)), regions[:1], 10**9) == (regions[:1], None)
 
 
+def _six_layers():
+    """A 6-layer chain, its order, its segment regions and their simulated peak."""
+    graph = training_chain(6)
+    regions = _segment_regions(6)
+    return graph, tuple(range(graph.num_ops)), regions, _peak_and_flops(graph, regions)[0]
+
+
 def test_trials_known_to_miss_are_not_simulated_again(monkeypatch):
     from remat.core import plan as plan_module
     applied = _counted(monkeypatch, plan_module, "apply_plan")
-    graph = training_chain(6)
-    order = tuple(range(graph.num_ops))
-    regions = _segment_regions(6)
-    peak, _ = _peak_and_flops(graph, regions)
+    graph, order, regions, peak = _six_layers()
     first = merge_regions(graph, order, regions, peak + 1000)
     trials_first, applied[:] = len(applied), []
     graph.__dict__.pop("_merged")       # not the answer: the trials again
@@ -100,10 +104,7 @@ def test_trials_known_to_miss_are_not_simulated_again(monkeypatch):
 def test_the_same_question_is_answered_from_memory(monkeypatch):
     # Both starts of "standard" often hand over the same regions.
     calls = _counted(monkeypatch, consolidate, "_fits")
-    graph = training_chain(6)
-    order = tuple(range(graph.num_ops))
-    regions = _segment_regions(6)
-    peak, _ = _peak_and_flops(graph, regions)
+    graph, order, regions, peak = _six_layers()
     first = consolidate.merge_regions_simulated(graph, order, regions, peak + 1000)
     trials = len(calls)
     again = consolidate.merge_regions_simulated(graph, order, regions, peak + 1000)

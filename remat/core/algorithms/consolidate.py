@@ -124,10 +124,7 @@ def merge_regions_simulated(graph: Graph, schedule: Sequence[int],
     The last few answers are kept on ``graph``: both starts of ``"standard"``
     often hand over the same regions (on the 12-layer chain, every time)."""
     key = (tuple(schedule), tuple(regions), limit_bytes, max_trials)
-    memo = graph.__dict__.get("_merged")
-    if memo is None:
-        memo = collections.OrderedDict()
-        object.__setattr__(graph, "_merged", memo)
+    memo = graph.memo("_merged", collections.OrderedDict)
     if key in memo:
         memo.move_to_end(key)
     else:

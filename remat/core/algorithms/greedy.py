@@ -470,10 +470,8 @@ def swept(graph: Graph, schedule: Sequence[int], baseline: Timeline,
     once the one before it has nothing left to drop (else the target is
     reached), so from the same state every time: its trajectory is kept per the
     phases before it too."""
-    known = graph.__dict__.get("_trajectories")
-    if known is None or len(known) >= _TRAJECTORIES_KEPT:
-        known = {}
-        object.__setattr__(graph, "_trajectories", known)
+    known = graph.memo("_trajectories", dict,
+                       full=lambda memo: len(memo) >= _TRAJECTORIES_KEPT)
     est = Estimate(graph, schedule, baseline, merge_segments)
     for n, strategy in enumerate(phases):
         key = (tuple(schedule), tuple(phases[:n + 1]), merge_segments,
