@@ -4,6 +4,7 @@ import pytest
 
 from remat.core.algorithms import ALGORITHMS, OptimalResult, get_algorithm
 from remat.core.algorithms.optimal import candidates
+from remat.core.graph import GraphBuilder
 from remat.core.options import RematOptions
 from remat.core.simulate import check_schedule, simulate
 
@@ -103,3 +104,29 @@ def test_heuristics_are_near_the_optimum_at_half_the_temporaries(layers):
         heuristic = _plan(name, g, limit)
         assert heuristic.met, name
         assert heuristic.extra_flops <= 1.25 * opt.extra_flops, name
+
+
+def test_a_value_can_be_rebuilt_once_per_reader():
+    # `a` is read early, then by r1 and r2, with a large pair (p, q) live between
+    # them: one copy serving both readers holds `a` across that pair (peak 230);
+    # a copy for each reader does not (220).
+    b = GraphBuilder()
+    x = b.add_input(10)
+    a, = b.add_op("f", [x], [100], flops=5)
+    y, = b.add_op("g", [a], [10])
+    e, = b.add_op("big", [y], [100])
+    e2, = b.add_op("shrink", [e], [10])
+    r1, = b.add_op("h1", [a, e2], [10])
+    p, = b.add_op("k", [r1], [100])
+    q, = b.add_op("k2", [p], [100])
+    q2, = b.add_op("shrink", [q], [10])
+    r2, = b.add_op("h2", [a, q2], [10])
+    g = b.build(outputs=[r2])
+    for limit, regions in ((230, 1), (220, 2)):
+        r = _plan("optimal", g, limit)
+        assert r.met and r.status == "optimal" and r.timeline.peak_bytes <= limit
+        assert len(r.regions) == regions
+        assert all(region.recompute == (0,) for region in r.regions)
+    assert {region.consumers for region in r.regions} == {(4,), (8,)}
+    assert r.extra_flops == 10
+    assert not _plan("optimal", g, 210).met

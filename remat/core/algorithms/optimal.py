@@ -13,16 +13,25 @@ A candidate ``c`` is one :class:`~remat.core.plan.Region`, fixed by:
 * a depth ``k``: the copy is rebuilt at ``t`` by a chain of ops that recomputes
   ``v`` back through ``k - 1`` values still live at ``t`` (depth 1 stops at the
   first live values, as the greedy engine does; deeper chains recompute a whole
-  stretch from an earlier checkpoint, as a segment of a checkpointed chain does).
+  stretch from an earlier checkpoint, as a segment of a checkpointed chain does),
+* optionally an end ``z`` (``upto``): the copy serves only the readers up to step
+  ``z``, and another selected candidate of ``v`` from ``z`` on serves the rest. So
+  a value can be rebuilt once per reader: a chain's activation, read by two
+  backward ops with a large cotangent computed between them, rebuilt from the
+  input for each (what a chain needs below one saved activation, as Revolve
+  does with no free checkpoint).
 
 Selecting ``c`` frees each value ``w`` its chain rebuilds and that lived across
 ``t`` (the set ``V(c)``) between its last early reader and ``t``; at ``t`` the
-chain's other results are held for a moment on top. Its cost is the chain's
-``flops + 10 * transcendentals`` (as the greedy engine counts). Constraints: a value
-is in ``V`` of at most one selected candidate; a chain may read only values that
-are still in memory at its ``t`` (not freed by another selected candidate before
-then); the estimated bytes during each step and just before each rebuild are
-within the limit. Only steps over the limit get a row, and steps with the same
+chain's other results are held for a moment on top (and what the block's own
+ops read that would have been freed before the block can run). Its cost is the
+chain's ``flops + 10 * transcendentals`` (as the greedy engine counts).
+Constraints: the selected candidates freeing a value claim it over disjoint
+stretches (from the early end to ``z``, or to the end of the program), and one
+with an end ``z`` is followed by one freeing the value from ``z``; a chain may
+read only values that are still in memory at its ``t`` (not freed by another
+selected candidate before then); the estimated bytes during each step and just
+before each rebuild are within the limit. Only steps over the limit get a row, and steps with the same
 coefficients share one row (the tightest). The graph is not coarsened: values
 under ``small_node_bytes`` and fused values are never candidates, which is what
 keeps the program small (a 24-layer chain gradient, 219 ops: ~1,900 candidates,
@@ -146,6 +155,9 @@ class Candidate:
       ready: the step after which the rebuild really runs: its block waits for
         every op outside it whose results the block reads (at least ``t - 1``).
       cost: recompute cost of the chain.
+      upto: for a copy that serves only the readers of ``value`` up to this step
+        (anchors), the step from which another selected candidate must serve the
+        rest; None when the copy serves every later reader.
     """
 
     value: int
@@ -157,6 +169,7 @@ class Candidate:
     transient: int
     cost: float
     ready: int = -1
+    upto: int | None = None
 
 
 def _anchors(graph: Graph, schedule: Sequence[int], fused: list[bool]) -> list[int]:
@@ -280,6 +293,9 @@ def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
             if t <= a + 1:
                 continue                    # nothing would be freed
             own = {v}.union(*(ops[u].outputs for u in fused_early))
+            # A copy may also serve only the readers up to a later reader's step,
+            # leaving the rest to another copy rebuilt later.
+            ends = [None] + [z for z in times if b <= z < times[-1]]
             for segment in (True, False):
                 previous = None
                 for depth in range(1, MAX_DEPTH + 1):
@@ -287,15 +303,16 @@ def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
                     if got is None or got[0] == previous:
                         break
                     previous = got[0]
-                    c = _candidate(graph, v, t, got[0], got[1], position, anchor,
-                                   available, resident, inputs, outputs,
-                                   None if segment else own)
-                    key = (c.t, c.chain, c.freed)
-                    if c.freed and key not in seen:
-                        seen.add(key)
-                        if depth == 1:
-                            shallow.add(len(found))
-                        found.append(c)
+                    for upto in ends if not segment else [None]:
+                        c = _candidate(graph, v, t, got[0], got[1], position, anchor,
+                                       available, resident, inputs, outputs,
+                                       None if segment else own, upto=upto)
+                        key = (c.t, c.chain, c.freed, c.upto)
+                        if c.freed and key not in seen:
+                            seen.add(key)
+                            if depth == 1 and upto is None:
+                                shallow.add(len(found))
+                            found.append(c)
     # The regions of the heuristics' plans, as candidates: under the estimate,
     # the optimum is then never worse than theirs.
     for region in seeds:
@@ -310,7 +327,7 @@ def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
         c = _candidate(graph, region.recompute[0], t, chain, roots, position, anchor,
                        available, resident, inputs, outputs, None,
                        served=set(region.consumers))
-        key = (c.t, c.chain, c.freed)
+        key = (c.t, c.chain, c.freed, c.upto)
         if c.freed and key not in seen:
             seen.add(key)
             found.append(c)
@@ -327,7 +344,7 @@ def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
             for s in sorted(read_at.get(w, ())):
                 if e < s < c.t - 1:
                     freed = tuple(sorted(c.freed[:k] + ((w, s, nbytes),) + c.freed[k + 1:]))
-                    key = (c.t, c.chain, freed)
+                    key = (c.t, c.chain, freed, None)
                     if key not in seen:
                         seen.add(key)
                         found.append(dataclasses.replace(c, freed=freed))
@@ -335,18 +352,20 @@ def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
 
 
 def _candidate(graph, v, t, chain, roots, position, anchor, available, resident,
-               inputs, outputs, only, served=None) -> Candidate:
+               inputs, outputs, only, served=None, upto=None) -> Candidate:
     """The candidate rebuilding ``chain`` at ``t``; with ``only``, just those
-    values are handed to later readers (the rest of the chain is transient); with
-    ``served``, those are the readers, and a value is freed only if they are all
-    its later readers."""
+    values are handed to later readers (the rest of the chain is transient), and
+    with ``upto`` too, only to those that run by step ``upto``; with ``served``,
+    those are the readers, and a value is freed only if they are all its later
+    readers."""
     freed = []
     other = 0
     consumers: set[int] = set(served or ())
     for op in chain:
         for w in graph.ops[op].outputs:
             readers = graph.users[w]
-            late = [u for u in readers if position[u] >= t and u not in chain]
+            late = [u for u in readers if position[u] >= t and u not in chain
+                    and (upto is None or anchor[u] <= upto)]
             if served is None and (only is None or w in only):
                 consumers.update(late)
             if resident[w] == 0:
@@ -365,7 +384,8 @@ def _candidate(graph, v, t, chain, roots, position, anchor, available, resident,
                 freed.append((w, early_end, resident[w]))
             else:
                 other += resident[w]
-    transient = _rebuild_peak(graph, chain, t, position, resident)
+    handed = None if only is None else set(only)
+    transient = _rebuild_peak(graph, chain, t, position, resident, handed)
     block = convex_hull(graph, consumers, position)
     ready = t - 1
     for op in block:
@@ -373,16 +393,24 @@ def _candidate(graph, v, t, chain, roots, position, anchor, available, resident,
             p = graph.values[w].producer
             if p is not None and p not in block and p not in chain:
                 ready = max(ready, position[p])
+    # Block ops scheduled before the step the block waits for now run after it:
+    # what they read that would have been freed by then is held until they run.
+    held = {w for op in block if position[op] <= ready for w in graph.ops[op].inputs
+            if graph.values[w].producer not in block
+            and graph.values[w].producer not in chain and not available(w, ready + 1)}
+    transient += sum(resident[w] for w in held)
     cost = sum(op_cost(graph, o) for o in chain)
     return Candidate(v, t, tuple(sorted(chain)), tuple(sorted(consumers)),
                      tuple(sorted(freed)), tuple(sorted(roots)), transient, cost,
-                     ready)
+                     ready, upto)
 
 
-def _rebuild_peak(graph: Graph, chain, t: int, position, resident) -> int:
+def _rebuild_peak(graph: Graph, chain, t: int, position, resident,
+                  handed: set[int] | None = None) -> int:
     """The most bytes the chain's results hold at once while it runs in program
     order: a result lives until its last reader in the chain, or on to ``t`` if a
-    later op reads it."""
+    later op reads it and the copy is handed to later readers (all results, or
+    those in ``handed``)."""
     order = sorted(chain, key=position.__getitem__)
     at = {o: i for i, o in enumerate(order)}
     live = peak = 0
@@ -393,7 +421,8 @@ def _rebuild_peak(graph: Graph, chain, t: int, position, resident) -> int:
                 continue
             readers = graph.users[w]
             inside = [at[u] for u in readers if u in at]
-            kept = any(u not in at and position[u] >= t for u in readers)
+            kept = (handed is None or w in handed) and any(
+                u not in at and position[u] >= t for u in readers)
             live += resident[w]
             last = len(order) if kept or not inside else max(inside)
             ends.setdefault(last, []).append(resident[w])
@@ -416,21 +445,42 @@ class _Program:
             for w, e, _ in c.freed:
                 holders.setdefault(w, []).append(i)
                 early_end[(i, w)] = e
-        # a value is freed by at most one selected candidate
-        self.groups = [h for h in holders.values() if len(h) > 1]
+        # A value is freed by at most one selected candidate, except that a copy
+        # serving the readers up to step z (``upto``) is followed by another
+        # candidate freeing the value from z on. So each holder of w claims w
+        # from its early end, to z or to the end: claims may not overlap (a row
+        # per claim's start), and a copy up to z needs a holder from z.
+        claim_end = {(i, w): (c.upto if c.upto is not None and c.value == w
+                              else float("inf"))
+                     for i, c in enumerate(cands) for w, _, _ in c.freed}
+
+        def overlapping(w: int, among: list[int]) -> list[list[int]]:
+            """The holders of ``w`` in ``among`` whose claims share a step, one
+            list per claim start (any two overlapping claims share one)."""
+            groups = {frozenset(i for i in among
+                                if early_end[(i, w)] <= start < claim_end[(i, w)])
+                      for start in {early_end[(i, w)] for i in among}}
+            # a group inside another needs no row of its own
+            return [sorted(g) for g in groups if not any(g < h for h in groups)]
+
+        self.groups = [g for w, h in holders.items() for g in overlapping(w, h)
+                       if len(g) > 1]
+        self.successors = [(i, [j for j in holders[w] if early_end[(j, w)] == end])
+                           for (i, w), end in claim_end.items() if end != float("inf")]
         # a chain reads only values still in memory at its step: for each value
         # r read at step t, a switch u[r, t] >= x of every chain reading it then,
-        # and u[r, t] + x of every candidate freeing r before t <= 1
+        # and u[r, t] + x of the candidates freeing r before t <= 1 (a row per
+        # group of overlapping claims)
         readers: dict[tuple[int, int], list[int]] = {}
         for i, c in enumerate(cands):
             for r in c.roots:
                 if r in holders:
                     readers.setdefault((r, c.t), []).append(i)
-        self.conflicts: list[tuple[list[int], list[int]]] = []
+        self.conflicts: list[tuple[list[int], list[list[int]]]] = []
         for (r, t), who in readers.items():
             freeing = [j for j in holders[r] if early_end[(j, r)] < t and j not in who]
             if freeing:
-                self.conflicts.append((who, freeing))
+                self.conflicts.append((who, overlapping(r, freeing)))
         self.cost = np.array([c.cost for c in cands], dtype=float)
         self.cuts: list[list[int]] = []     # selections the machinery rejected
         # bytes the simulation saw a candidate's block hold beyond the estimate
@@ -520,11 +570,14 @@ class _Program:
                 row(key, bound)
         for group in self.groups:
             row([(i, 1) for i in group], 1)
+        for i, following in self.successors:     # x_i <= sum of x_following
+            row([(i, 1)] + [(j, -1) for j in following], 0)
         for n, (who, freeing) in enumerate(self.conflicts):
             u = k + n
             for i in who:
                 row([(i, 1), (u, -1)], 0)
-            row([(u, 1)] + [(j, 1) for j in freeing], 1)
+            for group in freeing:
+                row([(u, 1)] + [(j, 1) for j in group], 1)
         for cut in self.cuts:
             row([(i, 1) for i in cut], len(cut) - 1)
         c = np.zeros(nvar)
