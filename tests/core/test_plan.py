@@ -101,3 +101,26 @@ def test_evaluate_remembers_peaks_and_recent_results(monkeypatch):
     assert plan_module.known_peak(g, (0, 1, 2), bad) == float("inf")
     # another schedule is another plan
     assert plan_module.known_peak(graph, order[::-1], regions) is None
+
+
+def _fused_reader_graph():
+    # a (big, from a dot) is read early by g and late by an elementwise mul whose
+    # result fuses into a reduction; c (elementwise, outside) feeds the mul too
+    b = GraphBuilder()
+    x = b.add_input(10)
+    (a,) = b.add_op("dot", [x], [100], flops=5)
+    (y,) = b.add_op("g", [a], [10])
+    (c,) = b.add_op("neg", [y], [100], fusion="loop")
+    (m,) = b.add_op("mul", [a, c], [100], fusion="loop")
+    (s,) = b.add_op("reduce_sum", [m], [10], fusion="reduce")
+    return b.build(outputs=[s])
+
+
+def test_a_block_takes_the_whole_fusion_of_its_consumers():
+    g = _fused_reader_graph()
+    rw = apply_plan(g, tuple(range(g.num_ops)), [Region(recompute=(0,), consumers=(3,))])
+    # the reduction the mul fuses into joins the block: its result leaves it
+    (block,) = rw.blocks
+    assert [rw.origin[o] for o in block] == [0, 3, 4]
+    assert rw.regions == (Region(recompute=(0,), consumers=(3, 4)),)
+
