@@ -103,24 +103,31 @@ def test_evaluate_remembers_peaks_and_recent_results(monkeypatch):
     assert plan_module.known_peak(graph, order[::-1], regions) is None
 
 
-def _fused_reader_graph():
+def _fused_reader_graph(root: str):
     # a (big, from a dot) is read early by g and late by an elementwise mul whose
-    # result fuses into a reduction; c (elementwise, outside) feeds the mul too
+    # result fuses into `root` (elementwise "exp" or a "reduce_sum")
     b = GraphBuilder()
     x = b.add_input(10)
     (a,) = b.add_op("dot", [x], [100], flops=5)
     (y,) = b.add_op("g", [a], [10])
     (c,) = b.add_op("neg", [y], [100], fusion="loop")
     (m,) = b.add_op("mul", [a, c], [100], fusion="loop")
-    (s,) = b.add_op("reduce_sum", [m], [10], fusion="reduce")
+    if root == "exp":
+        (e,) = b.add_op("exp", [m], [100], fusion="loop")
+        (s,) = b.add_op("dot", [e], [10])
+    else:
+        (s,) = b.add_op("reduce_sum", [m], [10], fusion="reduce")
     return b.build(outputs=[s])
 
 
-def test_a_block_takes_the_whole_fusion_of_its_consumers():
-    g = _fused_reader_graph()
+def test_a_block_takes_the_elementwise_fusion_of_its_consumers():
+    g = _fused_reader_graph("exp")
     rw = apply_plan(g, tuple(range(g.num_ops)), [Region(recompute=(0,), consumers=(3,))])
-    # the reduction the mul fuses into joins the block: its result leaves it
+    # the exp the mul fuses into joins the block: the block hands out its result
     (block,) = rw.blocks
     assert [rw.origin[o] for o in block] == [0, 3, 4]
     assert rw.regions == (Region(recompute=(0,), consumers=(3, 4)),)
-
+    # a reduction does not (XLA read ResNet-50's plans higher with them inside)
+    g = _fused_reader_graph("reduce")
+    rw = apply_plan(g, tuple(range(g.num_ops)), [Region(recompute=(0,), consumers=(3,))])
+    assert rw.regions == (Region(recompute=(0,), consumers=(3,)),)
