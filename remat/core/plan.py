@@ -162,8 +162,8 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
     position = [0] * n
     for step, op_id in enumerate(schedule):
         position[op_id] = step
-    merged = _merge_overlapping(graph, [_with_fusions(graph, r, position) for r in regions],
-                                position)
+    regions = [_with_fusions(graph, r, position) for r in regions]
+    merged = _merge_overlapping(graph, regions, position)
     block_of = [-1] * n
     for k, (rec, _, hull) in enumerate(merged):
         for o in hull:

@@ -31,11 +31,11 @@ stretches (from the early end to ``z``, or to the end of the program), and one
 with an end ``z`` is followed by one freeing the value from ``z``; a chain may
 read only values that are still in memory at its ``t`` (not freed by another
 selected candidate before then); the estimated bytes during each step and just
-before each rebuild are within the limit. Only steps over the limit get a row, and steps with the same
-coefficients share one row (the tightest). The graph is not coarsened: values
-under ``small_node_bytes`` and fused values are never candidates, which is what
-keeps the program small (a 24-layer chain gradient, 219 ops: ~1,900 candidates,
-solved in seconds). The regions of the ``"path"`` and ``"standard"`` plans are
+before each rebuild are within the limit. Only steps over the limit get a row,
+and steps with the same coefficients share one row (the tightest). The graph is
+not coarsened: values under ``small_node_bytes`` and fused values are never
+candidates, which is what keeps the program small (a 24-layer chain gradient,
+219 ops: ~1,900 candidates, solved in seconds). The regions of the ``"path"`` and ``"standard"`` plans are
 candidates too, so the optimum is never worse than theirs under the estimate; and
 if either met the limit more cheaply than anything the solver found (the estimate
 misjudged, or the time limit stopped it), that plan is returned, marked
@@ -359,7 +359,6 @@ def _candidate(graph, v, t, chain, roots, position, anchor, available, resident,
     those are the readers, and a value is freed only if they are all its later
     readers."""
     freed = []
-    other = 0
     consumers: set[int] = set(served or ())
     for op in chain:
         for w in graph.ops[op].outputs:
@@ -373,8 +372,7 @@ def _candidate(graph, v, t, chain, roots, position, anchor, available, resident,
             if (w in outputs or w in inputs or not available(w, t)
                     or (only is not None and w not in only)
                     or (served is not None and not set(late) <= consumers)):
-                other += resident[w]        # only held while the chain runs
-                continue
+                continue                    # only held while the chain runs
             # an original reader that is recomputed now feeds nobody: it runs
             # (and reads w) at its own step
             early = [position[u] if u in chain else anchor[u]
@@ -382,10 +380,7 @@ def _candidate(graph, v, t, chain, roots, position, anchor, available, resident,
             early_end = max(early + [anchor[graph.values[w].producer]])
             if early_end < t - 1:
                 freed.append((w, early_end, resident[w]))
-            else:
-                other += resident[w]
-    handed = None if only is None else set(only)
-    transient = _rebuild_peak(graph, chain, t, position, resident, handed)
+    transient = _rebuild_peak(graph, chain, t, position, resident, only)
     block = convex_hull(graph, consumers, position)
     ready = t - 1
     for op in block:
