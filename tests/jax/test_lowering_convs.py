@@ -99,3 +99,27 @@ def test_dense_regions_stay_whole():
   results = _conditional_results(jax.jit(jax.grad(loss)).lower(w, x).compile().as_text())
   # The whole backward is inside: the conditional returns the weight gradient.
   assert results and all("f32[16,16]" in r for r in results)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="the gated conditional is XLA:CPU's default lowering")
+def test_a_split_region_waits_for_every_cotangent():
+  # Two outputs, two cotangents: the recomputation may not run before either
+  # exists, so the conditional's predicate reads both (a NaN check on each).
+  def two(w, x):
+    y = _block(w, x)
+    return y, jnp.tanh(_conv(y, w))
+
+  def loss(w, x):
+    a, b = remat.checkpoint(two)(w, x)
+    return jnp.mean(a ** 2) + jnp.mean(jnp.sin(b))
+
+  k1, k2 = jax.random.split(jax.random.key(1))
+  w = jax.random.normal(k1, (3, 3, 8, 8)) * 0.2
+  x = jax.random.normal(k2, (4, 16, 16, 8))
+  text = jax.jit(jax.grad(loss)).lower(w, x).as_text()
+  assert "stablehlo.if" in text
+  assert len(re.findall(r"stablehlo.compare\s+NE", text)) == 2
+  plain = jax.jit(jax.grad(lambda w, x: jnp.mean(two(w, x)[0] ** 2) +
+                           jnp.mean(jnp.sin(two(w, x)[1]))))(w, x)
+  np.testing.assert_allclose(jax.jit(jax.grad(loss))(w, x), plain, rtol=1e-5, atol=1e-7)
