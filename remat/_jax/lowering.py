@@ -142,10 +142,11 @@ def _lower_gated(ctx, jaxpr, args, num_late: int):
   split: only the part that does not read them (the recomputation) runs in the
   conditional, and the backward pass runs outside, compiled like any other code.
   The conditional's predicate, ``u < 2 or g1 != g1 or g2 != g2 ...`` with ``u``
-  opaque and each ``gi`` read from one cotangent, is always true, cannot be
-  folded, and depends on every cotangent, so the recomputation cannot run before
-  all of them exist, as the whole region could not; no data can flip it (a NaN
-  makes ``gi != gi`` true). Gated on one cotangent only, XLA ran some
+  opaque and each ``gi`` read from one late input (the cotangents, and anything
+  else only the backward reads), is always true, cannot be folded, and depends on
+  every late input, so the recomputation cannot run before all of them exist, as
+  the whole region could not; no data can flip it (a NaN makes ``gi != gi``
+  true). Gated on the first cotangent only, XLA ran some
   recomputations early and held their results (ResNet-50's plans read up to 7%
   higher: at 50% of the temporaries, 10 plans to meet the limit with 4.5 extra
   GFLOP instead of 5 with 0.04). The split saves less memory than the whole
