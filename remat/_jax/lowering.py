@@ -109,12 +109,17 @@ def _lower_cond(ctx, jaxpr, args):
   return results[len(ordered):]
 
 
+def _gateable(aval, arg) -> bool:
+  """Whether a gate can read a scalar from this input (floating, with elements)."""
+  return (isinstance(aval, core.ShapedArray) and aval.size > 0 and
+          np.issubdtype(aval.dtype, np.floating) and not isinstance(arg, (list, tuple)))
+
+
 def _gate_values(avals, args) -> list[ir.Value]:
-  """One scalar f32 read from each input that has floating elements."""
+  """One scalar f32 read from each gateable input."""
   gates = []
   for aval, arg in zip(avals, args):
-    if (isinstance(aval, core.ShapedArray) and aval.size > 0 and
-        np.issubdtype(aval.dtype, np.floating) and not isinstance(arg, (list, tuple))):
+    if _gateable(aval, arg):
       rank = len(aval.shape)
       one = hlo.slice(arg, mlir.dense_int_array([0] * rank),
                       mlir.dense_int_array([1] * rank), mlir.dense_int_array([1] * rank))
@@ -146,23 +151,24 @@ def _lower_gated(ctx, jaxpr, args, num_late: int):
   else only the backward reads), is always true, cannot be folded, and depends on
   every late input, so the recomputation cannot run before all of them exist, as
   the whole region could not; no data can flip it (a NaN makes ``gi != gi``
-  true). Gated on the first cotangent only, XLA ran some
-  recomputations early and held their results (ResNet-50's plans read up to 7%
-  higher: at 50% of the temporaries, 10 plans to meet the limit with 4.5 extra
-  GFLOP instead of 5 with 0.04). The split saves less memory than the whole
-  region (the recomputed values all come out of the conditional at once), so it
-  is used only where it avoids the slow kernels.
+  true). Gated on the first cotangent only, XLA ran some recomputations early
+  and held their results (ResNet-50's plans read up to 7% higher: at 50% of the
+  temporaries, 10 plans to meet the limit with 4.5 extra GFLOP instead of 5 with
+  0.04). The split saves less memory than the whole region (the recomputed
+  values all come out of the conditional at once), so it is used only where it
+  avoids the slow kernels.
   """
   n_early = len(args) - num_late
-  gates = _gate_values(ctx.avals_in[n_early:], args[n_early:])
-  if not gates or _ordered_effects(jaxpr):
+  late_avals, late_args = ctx.avals_in[n_early:], args[n_early:]
+  if (not any(map(_gateable, late_avals, late_args)) or
+      _ordered_effects(jaxpr)):
     return _lower_cond(ctx, jaxpr, args)
   known, rest, out_unknowns, _ = pe.partial_eval_jaxpr_nounits(
       pe.close_jaxpr(jaxpr), [False] * n_early + [True] * num_late, False)
   if not known.jaxpr.eqns or not _reads_slow_nested(rest.jaxpr):
     return _lower_cond(ctx, jaxpr, args)
   pred = _always_true()
-  for gate in gates:
+  for gate in _gate_values(late_avals, late_args):
     pred = hlo.or_(pred, mlir.compare_hlo(gate, gate, "NE"))
   known_avals = known.out_avals
   flat_types, treedef = mlir.ir_tree_registry.flatten(

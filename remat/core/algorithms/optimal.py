@@ -35,11 +35,11 @@ before each rebuild are within the limit. Only steps over the limit get a row,
 and steps with the same coefficients share one row (the tightest). The graph is
 not coarsened: values under ``small_node_bytes`` and fused values are never
 candidates, which is what keeps the program small (a 24-layer chain gradient,
-219 ops: ~1,900 candidates, solved in seconds). The regions of the ``"path"`` and ``"standard"`` plans are
-candidates too, so the optimum is never worse than theirs under the estimate; and
-if either met the limit more cheaply than anything the solver found (the estimate
-misjudged, or the time limit stopped it), that plan is returned, marked
-``status="heuristic"``.
+219 ops: ~1,900 candidates, solved in seconds). The regions of the ``"path"``
+and ``"standard"`` plans are candidates too, so the optimum is never worse than
+theirs under the estimate; and if either met the limit more cheaply than
+anything the solver found (the estimate misjudged, or the time limit stopped
+it), that plan is returned, marked ``status="heuristic"``.
 
 So the result is optimal over *one-level regions built from these candidates,
 under the linear memory estimate*, on the given schedule; it is not optimal over
