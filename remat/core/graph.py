@@ -117,19 +117,55 @@ class Graph:
         object.__setattr__(self, "topological_order", _topological_order(self))
 
     @classmethod
-    def trusted(cls, values: tuple[Value, ...], ops: tuple[Op, ...],
-                inputs: tuple[int, ...], outputs: tuple[int, ...],
-                donated: frozenset[int] = frozenset()) -> "Graph":
-        """A graph from parts made consistent by construction (every value id
-        defined once, each op reading only values defined before it), as a
-        planner rewriting a checked graph makes them: the checks are skipped and
-        the ops' id order is the topological order."""
+    def rewired(cls, base: "Graph", values: tuple[Value, ...], ops: tuple[Op, ...],
+                changed: Sequence[int], order: tuple[int, ...]) -> "Graph":
+        """``base`` with new ops and values appended and some of its ops reading
+        other values, as a planner rewriting a checked graph makes it: ``values``
+        and ``ops`` start with ``base``'s (same ids), ``changed`` names every op
+        that is new or reads other values than in ``base``, and ``order`` is a
+        topological order. Nothing is checked, and the derived fields are
+        ``base``'s with the changed ops' edges redone (a rewrite touches a few
+        ops of a big program, and planners make many rewrites)."""
         graph = object.__new__(cls)
-        for name, part in (("values", values), ("ops", ops), ("inputs", inputs),
-                           ("outputs", outputs), ("donated", donated)):
+        for name, part in (("values", values), ("ops", ops), ("inputs", base.inputs),
+                           ("outputs", base.outputs), ("donated", base.donated),
+                           ("topological_order", order)):
             object.__setattr__(graph, name, part)
-        graph._derive()
-        object.__setattr__(graph, "topological_order", tuple(range(len(ops))))
+        n_old = len(base.ops)
+        users = list(base.users) + [()] * (len(values) - len(base.values))
+        predecessors = list(base.predecessors) + [()] * (len(ops) - n_old)
+        successors = list(base.successors) + [()] * (len(ops) - n_old)
+        new_users: dict[int, set[int]] = {}
+        new_successors: dict[int, set[int]] = {}
+
+        def edit(table, edited, key):
+            got = edited.get(key)
+            if got is None:
+                got = edited[key] = set(table[key])
+            return got
+
+        for o in changed:
+            if o < n_old:
+                for v in base.ops[o].inputs:
+                    edit(users, new_users, v).discard(o)
+                for p in base.predecessors[o]:
+                    edit(successors, new_successors, p).discard(o)
+        for o in changed:
+            inputs = ops[o].inputs
+            for v in inputs:
+                edit(users, new_users, v).add(o)
+            preds = tuple(dict.fromkeys(
+                p for v in inputs if (p := values[v].producer) is not None))
+            predecessors[o] = preds
+            for p in preds:
+                edit(successors, new_successors, p).add(o)
+        for v, readers in new_users.items():
+            users[v] = tuple(sorted(readers))
+        for p, readers in new_successors.items():
+            successors[p] = tuple(sorted(readers))
+        object.__setattr__(graph, "users", tuple(users))
+        object.__setattr__(graph, "predecessors", tuple(predecessors))
+        object.__setattr__(graph, "successors", tuple(successors))
         return graph
 
     def _derive(self) -> None:

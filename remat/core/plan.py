@@ -32,8 +32,8 @@ Example::
     >>> (z,) = b.add_op("h", [y, a], [8])
     >>> g = b.build(outputs=[z])
     >>> r = apply_plan(g, (0, 1, 2), [Region(recompute=(0,), consumers=(2,))])
-    >>> [g.ops[o].label for o in r.origin], r.is_copy
-    (['f', 'g', 'f', 'h'], (False, False, True, False))
+    >>> [(g.ops[r.origin[o]].label, r.is_copy[o]) for o in r.schedule]
+    [('f', False), ('g', False), ('f', True), ('h', False)]
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ class Rewritten:
     """A plan applied to a graph.
 
     Attributes:
-      graph: the rewritten program (originals, plus one copy of each recomputed op
-        per region, consumers rewired to the copies).
+      graph: the rewritten program: the original ops and values under their own
+        ids, consumers rewired to the copies, then one copy of each recomputed
+        op per region (and its values), appended.
       schedule: its op ids in running order; each region's block is contiguous.
       origin: for each op of ``graph``, the original op id it runs.
       is_copy: for each op of ``graph``, whether it is a recomputation.
@@ -171,72 +172,74 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
         if any(not 0 <= o < n for o in rec):
             raise PlanError(f"region {k} recomputes an op id outside 0..{n - 1}.")
 
-    # The rewritten graph's values and ops, built directly: every id is made here.
-    values: list[Value] = []
-    ops: list[Op] = []
-    value_map: list[int] = []
-    for value in graph.values:
-        if value.producer is None:
-            value_map.append(len(values))
-            values.append(value)
-        else:
-            value_map.append(-1)
-    inputs = [value_map[v] for v in graph.inputs]
-    donated = frozenset(value_map[v] for v in graph.donated)
-    origin: list[int] = []
-    is_copy: list[bool] = []
-    region_of: list[int] = []
-    value_origin: list[int] = [v for v, value in enumerate(graph.values)
-                               if value.producer is None]
-    instance = [-1] * n
+    # The rewritten graph keeps every original op and value under its own id (an
+    # op outside the blocks is the same object), and appends the copies: a plan
+    # touches a few ops of a big program, and every planner checks many plans.
+    values = list(graph.values)
+    ops = list(graph.ops)
+    origin = list(range(n))
+    is_copy = [False] * n
+    region_of = [-1] * n
+    value_origin = list(range(len(values)))
+    done = [False] * n          # originals emitted so far
+    producer = [v.producer for v in graph.values]
+    schedule_out: list[int] = []
+    changed: list[int] = []
+    blocks: list[tuple[int, ...]] = [()] * len(merged)
 
-    def emit(op_id: int, rename: dict[int, int], copy: bool, k: int) -> None:
-        op = graph.ops[op_id]
-        ins = tuple([rename.get(v, value_map[v]) for v in op.inputs])
-        if -1 in ins:
-            raise PlanError(f"op {op_id} ({op.label}) would read a value its own region "
-                            "defines later: a region cannot recompute from its own "
-                            "consumers' results.")
-        new_op = len(ops)
-        outs = tuple(range(len(values), len(values) + len(op.outputs)))
-        for old, new in zip(op.outputs, outs):
-            v = graph.values[old]
-            values.append(Value(v.nbytes, new_op, v.shape))
-            if copy:
-                rename[old] = new
-            else:
-                value_map[old] = new
-            value_origin.append(old)
-        ops.append(Op(op.label, ins, outs, op.flops, op.transcendentals, op.source,
-                      op.fusion, op.working_set_bytes))
-        if not copy:
-            instance[op_id] = len(origin)
-        origin.append(op_id)
-        is_copy.append(copy)
-        region_of.append(k)
+    def renamed(op_id: int, rename: dict[int, int]) -> tuple[int, ...]:
+        ins = graph.ops[op_id].inputs
+        for v in ins:
+            p = producer[v]
+            if v not in rename and p is not None and not done[p]:
+                raise PlanError(
+                    f"op {op_id} ({graph.ops[op_id].label}) would read a value its "
+                    "own region defines later: a region cannot recompute from its "
+                    "own consumers' results.")
+        return tuple([rename.get(v, v) for v in ins])
 
-    blocks: list[list[int]] = [[] for _ in merged]
     for unit in _unit_order(graph, position, merged, block_of):
         if unit >= 0:
-            emit(unit, {}, False, -1)
+            done[unit] = True
+            schedule_out.append(unit)
             continue
         k = -unit - 1
         rec, _, hull = merged[k]
         rename: dict[int, int] = {}
-        start = len(origin)
+        start = len(schedule_out)
         for o in sorted(rec, key=position.__getitem__):
-            emit(o, rename, True, k)
+            op = graph.ops[o]
+            ins = renamed(o, rename)
+            copy = len(ops)
+            outs = tuple(range(len(values), len(values) + len(op.outputs)))
+            for old, new in zip(op.outputs, outs):
+                v = graph.values[old]
+                values.append(Value(v.nbytes, copy, v.shape))
+                value_origin.append(old)
+                rename[old] = new
+            ops.append(op._replace(inputs=ins, outputs=outs))
+            origin.append(o)
+            is_copy.append(True)
+            region_of.append(k)
+            schedule_out.append(copy)
+            changed.append(copy)
         for o in sorted(hull, key=position.__getitem__):
-            emit(o, rename, False, k)
-        blocks[k] = list(range(start, len(origin)))
+            ins = renamed(o, rename)
+            if ins != graph.ops[o].inputs:
+                ops[o] = graph.ops[o]._replace(inputs=ins)
+                changed.append(o)
+            done[o] = True
+            region_of[o] = k
+            schedule_out.append(o)
+        blocks[k] = tuple(schedule_out[start:])
 
-    new_graph = Graph.trusted(tuple(values), tuple(ops), tuple(inputs),
-                              tuple(value_map[v] for v in graph.outputs), donated)
+    new_graph = Graph.rewired(graph, tuple(values), tuple(ops), changed,
+                              tuple(schedule_out))
     final_regions = tuple(Region(tuple(sorted(rec)), tuple(sorted(cons)))
                           for rec, cons, _ in merged)
-    return Rewritten(new_graph, tuple(range(len(origin))), tuple(origin),
-                     tuple(is_copy), tuple(region_of), tuple(map(tuple, blocks)),
-                     tuple(value_origin), tuple(instance), final_regions)
+    return Rewritten(new_graph, tuple(schedule_out), tuple(origin), tuple(is_copy),
+                     tuple(region_of), tuple(blocks), tuple(value_origin),
+                     tuple(range(n)), final_regions)
 
 
 def _with_fusions(graph: Graph, region: Region, position) -> Region:

@@ -2,11 +2,13 @@
 
 import pytest
 
+from remat.core.algorithms.standard import plan_standard
 from remat.core.graph import Graph, GraphBuilder
+from remat.core.options import RematOptions
 from remat.core.plan import PlanError, Region, apply_plan, convex_hull
-from remat.core.simulate import check_schedule
+from remat.core.simulate import check_schedule, simulate
 
-from .random_graphs import training_chain
+from .random_graphs import random_dag, training_chain
 
 
 def test_copies_feed_the_consumers():
@@ -31,7 +33,8 @@ def test_blocks_are_contiguous_and_convex():
     consumers = (8, 12)           # two backward ops with others between them
     rw = apply_plan(g, order, [Region(recompute=(2,), consumers=consumers)])
     (block,) = rw.blocks
-    assert list(block) == list(range(block[0], block[-1] + 1))
+    first = rw.schedule.index(block[0])
+    assert rw.schedule[first:first + len(block)] == tuple(block)
     hull = convex_hull(g, consumers)
     assert {rw.origin[o] for o in block if not rw.is_copy[o]} == hull
     assert all(rw.region[o] == 0 for o in block)
@@ -62,17 +65,30 @@ def test_cycle_is_refused():
         apply_plan(g, (0, 1, 2), regions)
 
 
-def test_rewritten_graphs_pass_the_full_checks():
-    # apply_plan builds its graph unchecked (Graph.trusted); rebuilding it checked
-    # gives the same graph, with the same derived fields.
-    graph = training_chain(6)
-    regions = [Region((0, 1), (9, 10)), Region((2,), (7, 8))]
-    rw = apply_plan(graph, tuple(range(graph.num_ops)), regions)
+@pytest.mark.parametrize("seed", range(6))
+def test_rewritten_graphs_pass_the_full_checks(seed):
+    # apply_plan builds its graph unchecked (Graph.rewired patches the derived
+    # fields of the original); rebuilding it checked gives the same graph, with
+    # the same derived fields, and its topological order is one.
+    if seed == 0:
+        graph = training_chain(6)
+        regions = [Region((0, 1), (9, 10)), Region((2,), (7, 8))]
+        order = tuple(range(graph.num_ops))
+    else:   # what a planner makes of a random program
+        graph = random_dag(seed, num_ops=40)
+        order = tuple(range(graph.num_ops))
+        limit = int(simulate(graph, order).peak_bytes * 0.7)
+        regions = plan_standard(graph, order, RematOptions(
+            limit, "standard", small_node_bytes=0)).regions
+        assert regions
+    rw = apply_plan(graph, order, regions)
     g = rw.graph
     checked = Graph(g.values, g.ops, g.inputs, g.outputs, g.donated)
     for field in ("values", "ops", "inputs", "outputs", "donated", "users",
-                  "predecessors", "successors", "topological_order"):
+                  "predecessors", "successors"):
         assert getattr(checked, field) == getattr(g, field)
+    check_schedule(g, g.topological_order)
+    assert g.topological_order == rw.schedule
 
 
 def test_evaluate_remembers_peaks_and_recent_results(monkeypatch):

@@ -672,14 +672,17 @@ def plan_optimal(graph: Graph, schedule: Sequence[int],
             for op in region.consumers:
                 block_of[op] = k
         in_charged_block = False
+        step_of = {op: step for step, op in enumerate(rw.schedule)}
         for i in chosen:
             k = block_of.get(cands[i].consumers[0]) if cands[i].consumers else None
             if k is None:
                 continue
-            miss = max(tl.live_during_bytes[s] for s in rw.blocks[k]) - limit
+            first = step_of[rw.blocks[k][0]]
+            steps = range(first, first + len(rw.blocks[k]))   # blocks are contiguous
+            miss = max(tl.live_during_bytes[s] for s in steps) - limit
             if miss > 0:
                 program.charge(i, miss)
-                in_charged_block |= tl.peak_step in rw.blocks[k]
+                in_charged_block |= tl.peak_step in steps
         if not in_charged_block:
             target -= tl.peak_bytes - limit
     if best is None:
