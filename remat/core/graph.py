@@ -135,34 +135,33 @@ class Graph:
         users = list(base.users) + [()] * (len(values) - len(base.values))
         predecessors = list(base.predecessors) + [()] * (len(ops) - n_old)
         successors = list(base.successors) + [()] * (len(ops) - n_old)
-        new_users: dict[int, set[int]] = {}
-        new_successors: dict[int, set[int]] = {}
-
-        def edit(table, edited, key):
-            got = edited.get(key)
-            if got is None:
-                got = edited[key] = set(table[key])
-            return got
-
+        # Edges a changed op no longer has, and the ones it has now.
+        gone_users: dict[int, set[int]] = {}
+        gone_successors: dict[int, set[int]] = {}
         for o in changed:
             if o < n_old:
                 for v in base.ops[o].inputs:
-                    edit(users, new_users, v).discard(o)
+                    gone_users.setdefault(v, set()).add(o)
                 for p in base.predecessors[o]:
-                    edit(successors, new_successors, p).discard(o)
+                    gone_successors.setdefault(p, set()).add(o)
+        new_users: dict[int, dict[int, None]] = {}
+        new_successors: dict[int, dict[int, None]] = {}
         for o in changed:
-            inputs = ops[o].inputs
-            for v in inputs:
-                edit(users, new_users, v).add(o)
-            preds = tuple(dict.fromkeys(
-                p for v in inputs if (p := values[v].producer) is not None))
-            predecessors[o] = preds
+            preds: dict[int, None] = {}
+            for v in ops[o].inputs:
+                new_users.setdefault(v, {})[o] = None
+                p = values[v].producer
+                if p is not None:
+                    preds[p] = None
+            predecessors[o] = tuple(preds)
             for p in preds:
-                edit(successors, new_successors, p).add(o)
-        for v, readers in new_users.items():
-            users[v] = tuple(sorted(readers))
-        for p, readers in new_successors.items():
-            successors[p] = tuple(sorted(readers))
+                new_successors.setdefault(p, {})[o] = None
+        for table, gone, new in ((users, gone_users, new_users),
+                                 (successors, gone_successors, new_successors)):
+            for key in gone.keys() | new.keys():
+                kept = set(table[key]).difference(gone.get(key, ()))
+                kept.update(new.get(key, ()))
+                table[key] = tuple(sorted(kept))
         object.__setattr__(graph, "users", tuple(users))
         object.__setattr__(graph, "predecessors", tuple(predecessors))
         object.__setattr__(graph, "successors", tuple(successors))

@@ -217,7 +217,8 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
                 values.append(Value(v.nbytes, copy, v.shape))
                 value_origin.append(old)
                 rename[old] = new
-            ops.append(op._replace(inputs=ins, outputs=outs))
+            ops.append(Op(op.label, ins, outs, op.flops, op.transcendentals, op.source,
+                          op.fusion, op.working_set_bytes))
             origin.append(o)
             is_copy.append(True)
             region_of.append(k)
@@ -279,50 +280,68 @@ def _with_fusions(graph: Graph, region: Region, position) -> Region:
 
 def _unit_order(graph: Graph, position, merged, block_of) -> list[int]:
     """Topological order of units: ops outside blocks (as op ids) and blocks (as
-    ``-1 - k``), earliest original position first."""
+    ``-1 - k``), earliest original position first.
+
+    Most ops neither are in a block nor read from one: their dependencies are
+    their predecessors, as in the graph. Only blocks and the ops reading from
+    them get dependency sets (a block also waits for what its copies read)."""
     n = len(graph.ops)
+    predecessors, successors = graph.predecessors, graph.successors
     # unit ids: an op outside blocks is itself; block k is n + k
-    unit = [o if b < 0 else n + b for o, b in enumerate(block_of)]
+    unit = list(range(n))
     size = n + len(merged)
-    first = [n] * size
-    deps: list[set[int] | None] = [None] * size
-    predecessors = graph.predecessors
+    first = list(position) + [n] * len(merged)
+    special = [False] * size    # units with dependency sets: blocks, their readers
+    for k, (_, _, hull) in enumerate(merged):
+        special[n + k] = True
+        for o in hull:
+            unit[o] = n + k
+            first[n + k] = min(first[n + k], position[o])
+    for _, _, hull in merged:
+        for o in hull:
+            for s in successors[o]:
+                special[unit[s]] = True
+    deps: dict[int, set[int]] = {}
     for o in range(n):
         u = unit[o]
-        if position[o] < first[u]:
-            first[u] = position[o]
-        d = deps[u]
-        if d is None:
-            d = deps[u] = set()
-        for p in predecessors[o]:
-            up = unit[p]
-            if up != u:
-                d.add(up)
+        if special[u]:
+            d = deps.setdefault(u, set())
+            for p in predecessors[o]:
+                if unit[p] != u:
+                    d.add(unit[p])
     for k, (rec, _, _) in enumerate(merged):   # copies read the originals' inputs
         u = n + k
         for o in rec:
             for p in predecessors[o]:
-                up = unit[p]
-                if p not in rec and up != u:
-                    deps[u].add(up)
-    units = [u for u in range(size) if deps[u] is not None]
-    users: list[list[int]] = [[] for _ in range(size)]
-    indegree = [0] * size
-    for u in units:
-        indegree[u] = len(deps[u])
-        for p in deps[u]:
-            users[p].append(u)
-    ready = [(first[u], u) for u in units if indegree[u] == 0]
+                if p not in rec and unit[p] != u:
+                    deps[u].add(unit[p])
+    indegree = [len(predecessors[o]) for o in range(n)] + [0] * len(merged)
+    waiting: list[list[int]] = [[] for _ in range(size)]   # specials waiting on a unit
+    for u, d in deps.items():
+        indegree[u] = len(d)
+        for p in d:
+            waiting[p].append(u)
+    ready = [(first[u], u) for u in range(n)
+             if not special[unit[u]] and indegree[u] == 0]
+    ready += [(first[u], u) for u, d in deps.items() if not d]
     heapq.heapify(ready)
     order = []
     while ready:
         _, u = heapq.heappop(ready)
-        order.append(u if u < n else n - 1 - u)
-        for w in users[u]:
+        if u < n:
+            order.append(u)
+            for w in successors[u]:
+                if not special[unit[w]]:
+                    indegree[w] -= 1
+                    if indegree[w] == 0:
+                        heapq.heappush(ready, (first[w], w))
+        else:
+            order.append(n - 1 - u)
+        for w in waiting[u]:
             indegree[w] -= 1
             if indegree[w] == 0:
                 heapq.heappush(ready, (first[w], w))
-    if len(order) != len(units):
+    if len(order) != n - sum(len(hull) for _, _, hull in merged) + len(merged):
         raise PlanError("the plan's regions depend on each other in a cycle (a region "
                         "recomputes from values that its own consumers produce); "
                         "recompute from earlier values.")
