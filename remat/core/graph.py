@@ -158,10 +158,15 @@ class Graph:
                 new_successors.setdefault(p, {})[o] = None
         for table, gone, new in ((users, gone_users, new_users),
                                  (successors, gone_successors, new_successors)):
-            for key in gone.keys() | new.keys():
-                kept = set(table[key]).difference(gone.get(key, ()))
-                kept.update(new.get(key, ()))
-                table[key] = tuple(sorted(kept))
+            for key, added in new.items():
+                if key in gone or table[key]:
+                    kept = set(table[key]).difference(gone.get(key, ()))
+                    kept.update(added)
+                    table[key] = tuple(sorted(kept))
+                else:           # a new value or op: only new edges
+                    table[key] = tuple(sorted(added))
+            for key in gone.keys() - new.keys():
+                table[key] = tuple(sorted(set(table[key]).difference(gone[key])))
         object.__setattr__(graph, "users", tuple(users))
         object.__setattr__(graph, "predecessors", tuple(predecessors))
         object.__setattr__(graph, "successors", tuple(successors))

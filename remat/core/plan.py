@@ -188,15 +188,19 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
     blocks: list[tuple[int, ...]] = [()] * len(merged)
 
     def renamed(op_id: int, rename: dict[int, int]) -> tuple[int, ...]:
-        ins = graph.ops[op_id].inputs
-        for v in ins:
+        ins = []
+        for v in graph.ops[op_id].inputs:
+            if v in rename:
+                ins.append(rename[v])
+                continue
             p = producer[v]
-            if v not in rename and p is not None and not done[p]:
+            if p is not None and not done[p]:
                 raise PlanError(
                     f"op {op_id} ({graph.ops[op_id].label}) would read a value its "
                     "own region defines later: a region cannot recompute from its "
                     "own consumers' results.")
-        return tuple([rename.get(v, v) for v in ins])
+            ins.append(v)
+        return tuple(ins)
 
     for unit in _unit_order(graph, position, merged, block_of):
         if unit >= 0:

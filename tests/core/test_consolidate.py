@@ -1,7 +1,7 @@
 """Merging regions that rebuild the same ops (remat.core.algorithms.consolidate)."""
 
 from remat.core.algorithms import consolidate
-from remat.core.algorithms.consolidate import merge_regions
+from remat.core.algorithms.consolidate import _covers, merge_regions
 from remat.core.plan import Region, apply_plan
 from remat.core.simulate import simulate
 
@@ -50,6 +50,21 @@ def test_disjoint_regions_are_left_alone():
     graph = training_chain(4)
     regions = [Region((0,), (7, 8)), Region((2,), (5, 6))]
     assert merge_regions(graph, tuple(range(graph.num_ops)), regions, 10**9) == regions
+
+
+def test_a_merge_left_out_rules_out_merges_that_hold_it():
+    # Regions as (recompute, consumers) sets: once {a} + {b} broke the limit,
+    # merging a region holding a with one holding b is not tried; merging a
+    # region holding only part of a side is.
+    def sets(recompute, consumers):
+        return frozenset(recompute), frozenset(consumers)
+    a, b = sets({0, 1}, {9}), sets({0}, {7})
+    rejected = {(a, b)}
+    assert _covers(rejected, a, b) and _covers(rejected, b, a)
+    assert _covers(rejected, sets({0, 1, 2}, {9, 10}), sets({0}, {7, 8}))
+    assert not _covers(rejected, sets({0}, {9}), b)          # a's side not held
+    assert not _covers(rejected, a, sets({0}, {8}))          # b's consumer missing
+    assert not _covers(set(), a, b)
 
 
 def _counted(monkeypatch, module, name: str) -> list:
