@@ -98,7 +98,8 @@ class Graph:
       successors: for each op, the ids of the ops that read from it (each once, in
         id order). Derived.
       topological_order: the op ids in a topological order (ties broken by id, so
-        a graph built in program order keeps that order). Derived.
+        a graph built in program order keeps that order). Derived; for a graph a
+        rewrite made (:meth:`rewired`), the running order the rewrite gave.
     """
 
     values: tuple[Value, ...]
