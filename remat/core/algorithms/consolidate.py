@@ -57,10 +57,6 @@ def _merged(a: Region, b: Region) -> Region:
                   tuple(sorted(set(a.consumers) | set(b.consumers))))
 
 
-def _key(r: Region) -> tuple[int, ...]:
-    return r.recompute + (-1,) + r.consumers
-
-
 def _fits(graph: Graph, schedule: Sequence[int], regions: Sequence[Region],
           limit_bytes: int) -> tuple[Rewritten, Timeline] | None:
     """The rewritten program and its simulation if it is within the limit (not

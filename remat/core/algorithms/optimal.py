@@ -667,15 +667,12 @@ def plan_optimal(graph: Graph, schedule: Sequence[int],
         # The simulation saw more than the estimate. Where a rebuild's block is
         # over the limit, charge the miss to the candidates in it (their block
         # holds more than the estimate knew); elsewhere, aim lower by the miss.
-        block_of = {}
-        for k, region in enumerate(rw.regions):
-            for op in region.consumers:
-                block_of[op] = k
         in_charged_block = False
         step_of = {op: step for step, op in enumerate(rw.schedule)}
         for i in chosen:
-            k = block_of.get(cands[i].consumers[0]) if cands[i].consumers else None
-            if k is None:
+            # originals keep their ids in the rewrite: a consumer's block is its region
+            k = rw.region[cands[i].consumers[0]] if cands[i].consumers else -1
+            if k < 0:
                 continue
             first = step_of[rw.blocks[k][0]]
             steps = range(first, first + len(rw.blocks[k]))   # blocks are contiguous
