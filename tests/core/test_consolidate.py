@@ -2,7 +2,7 @@
 
 from remat.core.algorithms import consolidate
 from remat.core.algorithms.consolidate import _covers, merge_regions
-from remat.core.plan import Region, apply_plan
+from remat.core.plan import Region, apply_plan, evaluate
 from remat.core.simulate import simulate
 
 from .random_graphs import training_chain
@@ -126,3 +126,39 @@ def test_the_same_question_is_answered_from_memory(monkeypatch):
     assert again == first and again[0] is not first[0] and len(calls) == trials > 0
     consolidate.merge_regions_simulated(graph, order, regions, peak + 2000)
     assert len(calls) > trials          # another limit: another question
+
+
+def _sets(region):
+    return frozenset(region.recompute), frozenset(region.consumers)
+
+
+def test_merges_that_surely_break_the_limit_are_not_tried(monkeypatch):
+    # With the simulation of the regions at hand, a merge whose held copies put
+    # the stretch before the later block over the limit is skipped untried: the
+    # same merges come out of fewer trials.
+    calls = _counted(monkeypatch, consolidate, "_fits")
+    answers = []
+    for with_base in (False, True):
+        graph, order, regions, peak = _six_layers()
+        base = evaluate(graph, order, regions) if with_base else None
+        answers.append((consolidate.merge_regions_simulated(
+            graph, order, regions, peak + 1000, base=base)[0], len(calls)))
+        calls[:] = []
+    (untold, trials_untold), (told, trials_told) = answers
+    assert told == untold and 0 < trials_told < trials_untold
+
+
+def test_a_merge_judged_over_the_limit_is_over_it():
+    graph, order, regions, peak = _six_layers()
+    base = evaluate(graph, order, regions)
+    judged = 0
+    for limit in (peak, peak + 1000, peak + 2000):
+        held = consolidate._HeldCopies(graph, order, base, limit)
+        for i, a in enumerate(regions):
+            for b in regions[i + 1:]:
+                if held.over(_sets(a), _sets(b)):
+                    judged += 1
+                    merged = [r for r in regions if r not in (a, b)]
+                    merged.append(consolidate._merged(a, b))
+                    assert _peak_and_flops(graph, merged)[0] > limit
+    assert judged > 0

@@ -586,7 +586,8 @@ def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
     # get fewer (a count, not a time budget: plans stay reproducible).
     _, simulated = merge_regions_simulated(
         graph, schedule, best.regions, best.limit_bytes,
-        max_trials=max(8, 20_000 // max(graph.num_ops, 1)))
+        max_trials=max(8, 20_000 // max(graph.num_ops, 1)),
+        base=(best.rewritten, best.timeline))
     if simulated is None:     # no merge kept
         return best
     rw, tl = simulated
