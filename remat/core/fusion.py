@@ -51,23 +51,26 @@ def fused_values(graph: Graph) -> list[bool]:
     # fused into their users name their own fusion, and a duplicated producer gets
     # an id no other op has (it is in several fusions).
     fusion_of = list(range(len(ops)))
+    absorbs = [op.fusion in _ABSORBS_FUSED_PRODUCERS for op in ops]
     for op_id in reversed(graph.topological_order):
         op = ops[op_id]
         if op.fusion != "loop" or not op.outputs:
             continue
-        read_bytes = sum(values[i].nbytes for i in set(op.inputs))
+        read_bytes = -1         # worked out when needed
         targets: set[int] = set()
         all_fused = True
         for v in op.outputs:
             readers = users[v]
-            if (is_output[v] or not readers
-                    or not all(ops[u].fusion in _ABSORBS_FUSED_PRODUCERS for u in readers)):
+            if is_output[v] or not readers or not all(absorbs[u] for u in readers):
                 all_fused = False
                 continue
             reader_fusions = {fusion_of[u] for u in readers}
-            if len(reader_fusions) > 1 and read_bytes * _EXPANSION > values[v].nbytes:
-                all_fused = False  # too costly to duplicate into several fusions
-                continue
+            if len(reader_fusions) > 1:
+                if read_bytes < 0:
+                    read_bytes = sum(values[i].nbytes for i in set(op.inputs))
+                if read_bytes * _EXPANSION > values[v].nbytes:
+                    all_fused = False  # too costly to duplicate into several fusions
+                    continue
             fused[v] = True
             targets |= reader_fusions
         if all_fused:

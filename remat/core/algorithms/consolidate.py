@@ -46,6 +46,8 @@ from __future__ import annotations
 import bisect
 import collections
 import heapq
+import itertools
+import operator
 from collections.abc import Sequence
 
 from ..fusion import fused_values
@@ -153,9 +155,9 @@ class _HeldCopies:
             a, b, ka, kb, span_a, span_b = b, a, kb, ka, span_b, span_a
         if span_a[1] >= span_b[0]:
             return False        # interleaved blocks
-        graph, late, values = self.graph, b[1], self.graph.values
+        graph, late, values, fused = self.graph, b[1], self.graph.values, self.fused
         held = [v for o in a[0] | b[0] for v in graph.ops[o].outputs
-                if not self.fused[v] and any(u in late for u in graph.users[v])]
+                if not fused[v] and not late.isdisjoint(graph.users[v])]
         room = self.limit + sum(self.read_last[k] for k in kb - ka)
         live = self.live
         if span_a[1] + 1 < span_b[0] and (max(live[span_a[1] + 1:span_b[0]]) +
@@ -163,7 +165,7 @@ class _HeldCopies:
             return True
         for k in ka:        # in an early block
             first, last = self.spans[k]
-            extra = [0] * (last - first + 2)     # bytes added from each step on
+            extra = [0] * (last - first + 1)     # bytes added from each step on
             for v in held:
                 copy = self.copy_of[k].get(v)
                 if copy is None:    # made among the block's copies, in op order
@@ -173,12 +175,11 @@ class _HeldCopies:
                     start = steps[i] if i < len(steps) else first + len(steps)
                 else:               # held on once the block's consumers are done
                     start = self.last_use[copy] + 1
-                extra[min(max(start - first, 0), last - first + 1)] += values[v].nbytes
-            added = 0
-            for i, step in enumerate(range(first, last + 1)):
-                added += extra[i]
-                if live[step] + added > room:
-                    return True
+                if start <= last:
+                    extra[max(start - first, 0)] += values[v].nbytes
+            if max(map(operator.add, live[first:last + 1],
+                       itertools.accumulate(extra))) > room:
+                return True
         return False
 
 
