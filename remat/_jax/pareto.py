@@ -36,6 +36,8 @@ class ParetoRow:
     extra_flops: ``flops`` minus the plain program's (None if refused).
     plan_seconds: planning time (0 for the plain program).
     error: why the limit was refused, if it was.
+    status: for ``"optimal"``, the result's status (e.g. ``"heuristic_search"``:
+      the plan is a heuristic's, see :class:`remat.core.algorithms.optimal.OptimalResult`).
   """
   algorithm: str
   limit: Any
@@ -46,6 +48,7 @@ class ParetoRow:
   extra_flops: float | None = None
   plan_seconds: float = 0.0
   error: str = ""
+  status: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +141,8 @@ def pareto(fun: Callable, *args: Any, limits: Sequence[Any] = (0.75, 0.5, 0.3),
         continue
       flops = float(p.compiled.cost_analysis()["flops"])
       variants.append((ParetoRow(algorithm, limit, p.limit_bytes, p.planned.total,
-                                 flops, None, flops - plain_flops, p.plan_seconds),
-                       step))
+                                 flops, None, flops - plain_flops, p.plan_seconds,
+                                 status=getattr(p.result, "status", "")), step))
   times: list[list[float]] = [[] for _ in variants]
   for _ in range(rounds):
     for k, (_, run) in enumerate(variants):

@@ -1,5 +1,6 @@
 """remat.jit / remat.plan: limits met by XLA's own figure, gradients unchanged."""
 
+import dataclasses
 import os
 from types import SimpleNamespace
 
@@ -329,3 +330,47 @@ def test_a_plan_tried_before_is_not_compiled_again(monkeypatch):
   assert search.compiled_plan(schedule, target, 0) is first and len(compiles) == 1
   # As an order's first attempt, a plan an earlier order gave ends that order.
   assert search.compiled_plan(schedule, target, 0, first=True) is None
+
+
+def test_optimal_falls_back_on_a_heuristics_search_when_xla_reads_it_over():
+  # XLA reads plans of equal simulated peak apart; where every plan of the
+  # optimal search reads over the limit, path's own search is tried.
+  search = _ScriptedXla(lambda t: 20_000_000, limit=10_000_000)
+  search.settings = dataclasses.replace(search.settings, algorithm="optimal")
+  searched = []
+  rules = {"optimal": lambda t: 20_000_000, "path": lambda t: t - 100_000}
+
+  def by_algorithm(schedule, target, small, first=False):
+    searched.append(search.settings.algorithm)
+    search.xla_of_target = rules[search.settings.algorithm]
+    return _ScriptedXla.compiled_plan(search, schedule, target, small, first)
+
+  search.compiled_plan = by_algorithm
+  auto._search_orders(search, [search.schedule])
+  assert not search.met and set(searched) == {"optimal"}
+  assert auto._heuristics_search(search, [search.schedule])
+  assert searched[-1] == "path" and search.met
+  assert search.settings.algorithm == "optimal"     # put back
+
+
+def test_optimal_plan_from_a_heuristics_search_says_so(monkeypatch):
+  compiled_plan = auto._Search.compiled_plan
+
+  def optimal_reads_over(self, schedule, target, small, first=False):
+    plan = compiled_plan(self, schedule, target, small, first)
+    if plan is not None and self.settings.algorithm == "optimal":
+      plan = dataclasses.replace(plan, planned=dataclasses.replace(
+          plan.planned, temp=plan.planned.temp + self.limit))
+    return plan
+
+  monkeypatch.setattr(auto._Search, "compiled_plan", optimal_reads_over)
+  keys = jax.random.split(jax.random.key(5), 9)
+  ws = [jax.random.normal(k, (64, 64)) / 8 for k in keys[:8]]
+  x = jax.random.normal(keys[8], (512, 64))
+  step = remat.jit(jax.grad(_loss), memory_limit=0.7, algorithm="optimal",
+                   small_node_limit=0)
+  plan = step.plan_for(ws, x)
+  assert plan.met and plan.result.status == "heuristic_search" and plan.result.regions
+  for got, want in zip(step(ws, x), jax.jit(jax.grad(_loss))(ws, x)):
+    assert np.all(np.asarray(want) != 0)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-9)

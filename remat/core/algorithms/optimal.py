@@ -121,6 +121,9 @@ class OptimalResult(PlanResult):
         ``"standard"``, whose regions are candidates too, met the limit and was
         cheaper than anything the solver found: the estimate misjudged a
         selection, or the time limit stopped it), or ``"no_candidates"``.
+        ``remat.jit``/``remat.plan`` add ``"heuristic_search"``: XLA read every
+        plan of the optimal search over the limit and the plan is the one
+        ``"path"``'s (or ``"standard"``'s) own search met it with.
       gap: the proven relative gap of the last solve, ``(cost - bound) / cost``
         (0.0 when optimal; None when nothing was solved).
       bound: the solver's lower bound on the recompute cost (``flops + 10 *
