@@ -132,7 +132,7 @@ def _sets(region):
     return frozenset(region.recompute), frozenset(region.consumers)
 
 
-def test_merges_that_surely_break_the_limit_are_not_tried(monkeypatch):
+def test_merges_judged_to_break_the_limit_are_not_tried(monkeypatch):
     # With the simulation of the regions at hand, a merge whose held copies put
     # the stretch before the later block over the limit is skipped untried: the
     # same merges come out of fewer trials.

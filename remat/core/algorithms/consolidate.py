@@ -16,10 +16,11 @@ run before it, probing 1, 2, 4, ... merges from then on (near the limit, breakin
 merges come thick). A merge left out also rules out, for the rest of the call,
 every merge of two regions that each hold one side of it (their recompute and
 consumers): the block would be bigger and hold more copies for longer (on the
-U-Net at 30%, 7-15% fewer trials for the same or less recompute). A merge that
-surely breaks the limit, by the copies it would hold on top of the last
-simulation (:class:`_HeldCopies`), is not tried (12-layer chain at 30%: 10
-trials instead of 29, the same plan). ``max_trials``
+U-Net at 30%, 7-15% fewer trials for the same or less recompute). A merge
+judged to break the limit by the copies it would hold on top of the last
+simulation (:class:`_HeldCopies`) is not tried (12-layer chain at 30%: 10
+trials instead of 29, the same plan; a wrong judgement costs recompute, never
+a plan over the limit, since every merge kept was simulated). ``max_trials``
 bounds the trials; a trial whose regions are known to miss the limit (simulated
 before, in this or an earlier merge run: :func:`remat.core.plan.known_peak`) is
 not simulated again.
@@ -91,7 +92,7 @@ def _covers(rejected, a: tuple[frozenset, frozenset], b: tuple[frozenset, frozen
 
 
 class _HeldCopies:
-    """Whether a merge surely breaks the limit, read off the simulation of the
+    """Whether a merge would break the limit, judged from the simulation of the
     regions it starts from (no trial needed).
 
     Merging a region ``x`` into a later ``y`` computes ``y``'s copies in
@@ -102,7 +103,9 @@ class _HeldCopies:
     ``x``'s consumers are done with them). Less only what ``y``'s
     copies were the last to read (it may now die at ``x``'s block). Over the
     limit at some such step: the merge is skipped without a trial (on the
-    12-layer chain at 30%, most failing merges hold one activation too many)."""
+    12-layer chain at 30%, most failing merges hold one activation too many).
+    It is an estimate: ops that move around the merged block are not followed;
+    the benchmark plans compared came out the same or cheaper with it."""
 
     def __init__(self, graph: Graph, schedule: Sequence[int],
                  base: tuple[Rewritten, Timeline], limit_bytes: int):
@@ -144,8 +147,8 @@ class _HeldCopies:
 
     def over(self, a: tuple[frozenset, frozenset], b: tuple[frozenset, frozenset]
              ) -> bool:
-        """Whether merging ``a`` and ``b`` (recompute and consumer sets) surely
-        breaks the limit."""
+        """Whether merging ``a`` and ``b`` (recompute and consumer sets) would
+        break the limit, by the estimate."""
         ka, kb = self._blocks(a[1]), self._blocks(b[1])
         if not ka or not kb:
             return False
@@ -239,7 +242,7 @@ def merge_regions_simulated(graph: Graph, schedule: Sequence[int],
     """:func:`merge_regions`, with the rewritten program and simulation of the
     regions returned when a trial made them (None when no merge was kept).
     ``base``, the rewritten program and simulation of ``regions`` if known, lets
-    merges that surely break the limit be skipped untried from the start.
+    merges judged to break the limit be skipped untried from the start.
 
     The last few answers are kept on ``graph``: both starts of ``"standard"``
     often hand over the same regions (on the 12-layer chain, every time)."""
