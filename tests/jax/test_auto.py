@@ -374,3 +374,27 @@ def test_optimal_plan_from_a_heuristics_search_says_so(monkeypatch):
   for got, want in zip(step(ws, x), jax.jit(jax.grad(_loss))(ws, x)):
     assert np.all(np.asarray(want) != 0)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-9)
+
+
+def test_a_plan_xla_meets_though_the_model_missed_is_consolidated_within_its_peak():
+  # The planner merges regions only within its target; a plan that missed it in
+  # the model but that XLA reads within the limit is merged within its own peak.
+  ws, x = _inputs(4)
+  closed, out_tree = auto._trace(jax.value_and_grad(_loss), (ws, x), {})
+  flat = inline_calls(closed)
+  graph = auto._graph_of(flat)
+  schedule = tuple(range(graph.num_ops))
+  baseline = auto.XlaFootprint.of(auto._compile(flat, out_tree, (ws, x), {}, {}))
+  settings = auto._settings(0.5, "path", "list", 0, None)
+  search = auto._Search(flat, graph, out_tree, ((ws, x), {}, {}), settings, baseline,
+                        10**12, 0.0)       # XLA's figure always within the limit
+  base = simulate(graph, schedule)
+  fixed = base.input_bytes + base.output_bytes
+  plan = search.compiled_plan(schedule, fixed + (base.peak_bytes - fixed) // 8, 0)
+  assert plan.met and not plan.result.met and len(plan.result.regions) > 1
+  search.consolidate_met(schedule, plan)
+  assert len(search.met) == 1
+  merged = search.met[0]
+  assert len(merged.result.regions) < len(plan.result.regions)
+  assert merged.extra_flops < plan.extra_flops
+  assert merged.result.timeline.peak_bytes <= plan.result.timeline.peak_bytes

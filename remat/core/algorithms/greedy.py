@@ -45,7 +45,7 @@ from .consolidate import merge_regions_simulated
 from .cost import op_cost
 
 __all__ = ["PlanResult", "Strategy", "Drop", "run_greedy", "op_cost", "evaluate",
-           "Estimate", "give_back", "best_of"]
+           "Estimate", "give_back", "best_of", "consolidated"]
 
 #: Times the engine re-aims when the real simulation misses the estimate.
 _REAIM = 4
@@ -581,17 +581,25 @@ def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
     best = best_of(results)
     if not best.met:
         return best
-    # Regions that rebuild the same ops are merged where the limit allows
-    # (consolidate.py). Each try simulates the whole program, so big programs
-    # get fewer (a count, not a time budget: plans stay reproducible).
+    return consolidated(graph, schedule, best, best.limit_bytes)
+
+
+def consolidated(graph: Graph, schedule: Sequence[int], result: PlanResult,
+                 within: int) -> PlanResult:
+    """``result`` with its regions that rebuild the same ops merged while the
+    simulated peak stays within ``within`` bytes (consolidate.py); the same
+    limit as ``result``'s. Each try simulates the whole program, so big
+    programs get fewer (a count, not a time budget: plans stay reproducible).
+    A plan that missed its limit can be consolidated within its own peak: the
+    same peak for less recompute."""
     _, simulated = merge_regions_simulated(
-        graph, schedule, best.regions, best.limit_bytes,
+        graph, schedule, result.regions, within,
         max_trials=max(8, 20_000 // max(graph.num_ops, 1)),
-        base=(best.rewritten, best.timeline))
+        base=(result.rewritten, result.timeline))
     if simulated is None:     # no merge kept
-        return best
+        return result
     rw, tl = simulated
-    return PlanResult(tuple(rw.regions), rw, tl, baseline, best.limit_bytes)
+    return PlanResult(tuple(rw.regions), rw, tl, result.baseline, result.limit_bytes)
 
 
 def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,
