@@ -312,16 +312,23 @@ def test_search_stays_on_the_first_order_after_small_misses():
   assert search.met and set(search.by_order) == {0}
 
 
-def test_a_plan_tried_before_is_not_compiled_again(monkeypatch):
-  ws, x = _inputs(3)
+def _real_search(seed, limit=None):
+  """A search over the real 12-layer chain gradient with XLA's real figures, and
+  its graph and order (``limit``: bytes; None: 50% of the temporaries)."""
+  ws, x = _inputs(seed)
   closed, out_tree = auto._trace(jax.value_and_grad(_loss), (ws, x), {})
   flat = inline_calls(closed)
   graph = auto._graph_of(flat)
-  schedule = tuple(range(graph.num_ops))
   baseline = auto.XlaFootprint.of(auto._compile(flat, out_tree, (ws, x), {}, {}))
   settings = auto._settings(0.5, "path", "list", 0, None)
+  limit = auto._limit_bytes(0.5, baseline) if limit is None else limit
   search = auto._Search(flat, graph, out_tree, ((ws, x), {}, {}), settings, baseline,
-                        auto._limit_bytes(0.5, baseline), 0.0)
+                        limit, 0.0)
+  return search, graph, tuple(range(graph.num_ops))
+
+
+def test_a_plan_tried_before_is_not_compiled_again(monkeypatch):
+  search, graph, schedule = _real_search(3)
   compiles, compile = [], auto._compile
   monkeypatch.setattr(auto, "_compile", lambda *a: compiles.append(1) or compile(*a))
   target = int(0.7 * simulate(graph, schedule).peak_bytes)
@@ -380,15 +387,7 @@ def test_a_plan_xla_meets_though_the_model_missed_is_consolidated_within_its_pea
   # The planner merges regions only within its target; the chosen plan, if it
   # missed that in the model though XLA reads it within the limit, is merged
   # within its own peak.
-  ws, x = _inputs(4)
-  closed, out_tree = auto._trace(jax.value_and_grad(_loss), (ws, x), {})
-  flat = inline_calls(closed)
-  graph = auto._graph_of(flat)
-  schedule = tuple(range(graph.num_ops))
-  baseline = auto.XlaFootprint.of(auto._compile(flat, out_tree, (ws, x), {}, {}))
-  settings = auto._settings(0.5, "path", "list", 0, None)
-  search = auto._Search(flat, graph, out_tree, ((ws, x), {}, {}), settings, baseline,
-                        10**12, 0.0)       # XLA's figure always within the limit
+  search, graph, schedule = _real_search(4, limit=10**12)   # XLA always within
   base = simulate(graph, schedule)
   fixed = base.input_bytes + base.output_bytes
   plan = search.compiled_plan(schedule, fixed + (base.peak_bytes - fixed) // 8, 0)
