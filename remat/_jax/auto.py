@@ -606,8 +606,8 @@ def _heuristics_search(search: _Search, schedules) -> bool:
   a search aiming at other targets can meet a limit another missed (U-Net at
   30%: the optimum's search aims where the solver finds no selection in time and
   the heuristic plans it falls back on read 4.5% over; path's own search meets
-  it). The optimum's answer is never worse than the heuristics' at the planner
-  level; nor, so, in XLA's figures. True if one met the limit."""
+  it). So ``"optimal"`` meets a limit wherever a heuristic's own search does, as
+  it is never worse than theirs at the planner level. True if one met it."""
   optimal = search.settings
   for name in ("path", "standard"):
     log.info("remat: XLA read every plan of the optimal search over the limit; "
