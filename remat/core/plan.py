@@ -79,7 +79,6 @@ class Rewritten:
         in, or -1.
       blocks: for each region, the ops of ``graph`` in its block, in running order.
       value_origin: for each value of ``graph``, the original value id it holds.
-      instance: for each original op id, its non-copy op in ``graph``.
       regions: the regions after merging those whose blocks overlapped.
     """
 
@@ -90,7 +89,6 @@ class Rewritten:
     region: tuple[int, ...]
     blocks: tuple[tuple[int, ...], ...]
     value_origin: tuple[int, ...]
-    instance: tuple[int, ...]
     regions: tuple[Region, ...]
 
     @property
@@ -165,10 +163,7 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
         position[op_id] = step
     regions = [_with_fusions(graph, r, position) for r in regions]
     merged = _merge_overlapping(graph, regions, position)
-    block_of = [-1] * n
-    for k, (rec, _, hull) in enumerate(merged):
-        for o in hull:
-            block_of[o] = k
+    for k, (rec, _, _) in enumerate(merged):
         if any(not 0 <= o < n for o in rec):
             raise PlanError(f"region {k} recomputes an op id outside 0..{n - 1}.")
 
@@ -202,7 +197,7 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
             ins.append(v)
         return tuple(ins)
 
-    for unit in _unit_order(graph, position, merged, block_of):
+    for unit in _unit_order(graph, position, merged):
         if unit >= 0:
             done[unit] = True
             schedule_out.append(unit)
@@ -244,7 +239,7 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
                           for rec, cons, _ in merged)
     return Rewritten(new_graph, tuple(schedule_out), tuple(origin), tuple(is_copy),
                      tuple(region_of), tuple(blocks), tuple(value_origin),
-                     tuple(range(n)), final_regions)
+                     final_regions)
 
 
 def _with_fusions(graph: Graph, region: Region, position) -> Region:
@@ -282,7 +277,7 @@ def _with_fusions(graph: Graph, region: Region, position) -> Region:
     return Region(region.recompute, tuple(sorted(consumers)))
 
 
-def _unit_order(graph: Graph, position, merged, block_of) -> list[int]:
+def _unit_order(graph: Graph, position, merged) -> list[int]:
     """Topological order of units: ops outside blocks (as op ids) and blocks (as
     ``-1 - k``), earliest original position first.
 

@@ -587,8 +587,8 @@ def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
 def consolidated(graph: Graph, schedule: Sequence[int], result: PlanResult,
                  within: int) -> PlanResult:
     """``result`` with its regions that rebuild the same ops merged while the
-    simulated peak stays within ``within`` bytes (consolidate.py); the same
-    limit as ``result``'s. Each try simulates the whole program, so big
+    simulated peak stays within ``within`` bytes (consolidate.py); the result
+    keeps ``result``'s limit. Each try simulates the whole program, so big
     programs get fewer (a count, not a time budget: plans stay reproducible).
     A plan that missed its limit can be consolidated within its own peak: the
     same peak for less recompute."""
