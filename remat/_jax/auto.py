@@ -356,8 +356,7 @@ def _missed(target: int, plan: Plan) -> int:
   """Where a plan that XLA read over the limit leaves the bisection interval:
   the target it was planned for, or the peak the planner reached if lower (any
   target between the two gives the same plan)."""
-  peak = plan.result.timeline.peak_bytes
-  return min(target, peak) if plan.result.met else target
+  return min(target, plan.result.timeline.peak_bytes)
 
 
 @dataclasses.dataclass
@@ -540,7 +539,9 @@ class _Search:
         refines += 1
         target = (met_target + missed_target) // 2
         continue
-      if not plan.result.met:
+      # Missed in the model. (Not ``plan.result.met``: a plan repeated from an
+      # earlier attempt carries that attempt's result, judged on its target.)
+      if plan.result.timeline.peak_bytes > target:
         floor = self.floor(timeline, small)
         if (small > 0 and not settings.small_node_given and
             plan.result.timeline.peak_bytes <= floor + 0.1 * temps):

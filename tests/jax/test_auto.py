@@ -280,6 +280,17 @@ def test_search_never_aims_where_only_a_missed_plan_lies():
   assert search.met and max(p.planned.total for p in search.met) <= limit
 
 
+def test_search_ends_an_order_when_a_lower_target_gives_the_same_plan():
+  # The planner cannot go below 9 MB (as "optimal" at the model's floor: every
+  # lower target is infeasible and gives the same plan back, whose result was
+  # judged met on the target it was first planned for); XLA reads it over.
+  limit = 10_000_000
+  search = _ScriptedXla(lambda t: 10_500_000, limit, lambda t: 9_000_000)
+  search.on_order(search.schedule)
+  assert len(search.targets) == 2 and search.targets[1] < 9_000_000
+  assert not search.met and len(search.floors) == 1
+
+
 class _OrdersXla(_ScriptedXla):
   """Three orders of one program, XLA reading each one's plans by its own rule."""
 
