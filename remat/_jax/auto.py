@@ -542,7 +542,8 @@ class _Search:
           # Aiming lower overshot into a plan that recomputes far more than a
           # near miss, and no bisection from the last miss is due: bisect from
           # the near miss.
-          (missed_target, missed_xla), room = (near[0], near[1].planned.total), True
+          missed_target, missed_xla = near[0], near[1].planned.total
+          room = True
         if not room or refines == _REFINES:
           return
         refines += 1
