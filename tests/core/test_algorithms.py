@@ -47,6 +47,32 @@ def test_unreachable_limit_is_reported_not_met():
     assert result.timeline.peak_bytes < result.baseline.peak_bytes
 
 
+@pytest.mark.parametrize("name", ["standard", "path"])
+def test_a_sweep_with_nothing_left_to_drop_is_not_re_aimed(name, monkeypatch):
+    # Short of an unreachable target the sweep runs out of values to drop; aiming
+    # lower would drop the same ones, so each planning run (two per start: with
+    # and without segments) sweeps once, and the plan is the one re-aiming gave.
+    from remat.core.algorithms import greedy
+    g = training_chain(8)
+    order = tuple(range(g.num_ops))
+    options = RematOptions(1, name, small_node_bytes=0)
+    sweeps = []
+    real_swept = greedy.swept
+    monkeypatch.setattr(greedy, "swept", lambda *a: sweeps.append(a[4]) or real_swept(*a))
+    result = get_algorithm(name)(g, order, options)
+    starts = 2 if name == "standard" else 1
+    assert len(sweeps) == 2 * starts
+    assert not result.met
+    monkeypatch.setattr(greedy, "swept", lambda *a: _never_exhausted(real_swept(*a)))
+    re_aimed = get_algorithm(name)(training_chain(8), order, options)
+    assert re_aimed.regions == result.regions
+
+
+def _never_exhausted(est):
+    est.exhausted = False
+    return est
+
+
 def test_small_nodes_are_never_recomputed():
     g = training_chain(8, act_bytes=1000)
     order = tuple(range(g.num_ops))

@@ -151,6 +151,9 @@ class Estimate:
         self.extended: set[int] = set()   # indices of drops whose chains grew
         self.absorbed: set[int] = set()   # drops served by another drop's region
         self.rebuild: dict[int, int] = {}  # region (drop index) -> bytes its rebuild holds
+        # Whether a sweep found nothing left to drop short of its target: a sweep
+        # for any lower target drops the same values.
+        self.exhausted = False
         self.anchor = list(self.position)
         for step in range(n - 1, -1, -1):
             op = schedule[step]
@@ -487,6 +490,7 @@ def swept(graph: Graph, schedule: Sequence[int], baseline: Timeline,
             sweep(est, target, options, strategy, trajectory)
             if not trajectory.exhausted:     # it stopped at the target
                 return est
+    est.exhausted = True
     return est
 
 
@@ -626,6 +630,10 @@ def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,
                 best.timeline.peak_bytes, best.extra_flops):
             best = result
         if result.met or not drops:
+            break
+        if est.exhausted and len(drops) == len(est.drops):
+            # Aiming lower drops the same values, and gives none back if none
+            # came back at this target: the same regions again.
             break
         target -= tl.peak_bytes - limit     # the estimate was optimistic: aim lower
     return best
