@@ -61,7 +61,7 @@ def fused_values(graph: Graph) -> list[bool]:
         all_fused = True
         for v in op.outputs:
             readers = users[v]
-            if is_output[v] or not readers or not all(absorbs[u] for u in readers):
+            if is_output[v] or not readers or not all(map(absorbs.__getitem__, readers)):
                 all_fused = False
                 continue
             reader_fusions = {fusion_of[u] for u in readers}

@@ -189,7 +189,7 @@ def _simulate(graph: Graph, schedule: tuple[int, ...], reuse_result_buffers: boo
     for step in range(n_steps - 1, -1, -1):
         op_id = schedule[step]
         outs = ops[op_id].outputs
-        if outs and all(fused[v] for v in outs):
+        if outs and all(map(fused.__getitem__, outs)):
             anchor[op_id] = max(anchor[u] for v in outs for u in users[v])
         else:
             anchor[op_id] = step
@@ -213,7 +213,7 @@ def _simulate(graph: Graph, schedule: tuple[int, ...], reuse_result_buffers: boo
         p = values[v].producer
         readers = users[v]
         if readers:
-            last = max(anchor[u] for u in readers)
+            last = max(map(anchor.__getitem__, readers))
         elif p is not None:
             last = anchor[p]
         else:
