@@ -13,7 +13,8 @@ original program) and updates it as values are dropped: a dropped value stops
 occupying memory between its last early reader and its first late reader, and its
 chain's outputs occupy memory again at the late reader. The regions it chooses are
 then applied once (``remat.core.plan.apply_plan``) and simulated for real; if the
-real peak is over the limit, the engine runs again aiming lower by the difference.
+real peak is over the limit, the engine runs again aiming lower by the difference
+(unless the sweep ran out of values to drop: aiming lower would drop the same).
 Within a sweep, a value's chain is worked out once and reused until a value it
 starts from is dropped (``_Chains``). Which value a sweep drops next never
 depends on its target, only where it stops, so each graph keeps each phase's
