@@ -373,12 +373,12 @@ class _Search:
   lower overshot), the target is bisected between that plan and the last miss,
   up to ``_REFINES`` times, until a plan repeats, or until XLA reads a
   bisecting plan over the missed one, since a plan nearer the limit recomputes
-  less; and so it is, from the near miss, when a met plan
-  without such room recomputes over ``_COST_JUMP`` times the FLOPs of a plan XLA
-  read at most ``_NEAR_MISS`` over the limit (see :func:`_costly`). A plan with
-  the regions of one tried before is not compiled again. The first order with a met plan ends the search (which order
-  goes on when: :func:`_search_orders`); the met plan with the least recompute
-  is the answer.
+  less; and so it is, from the near miss, when a met plan without such room
+  recomputes over ``_COST_JUMP`` times the FLOPs of a plan XLA read at most
+  ``_NEAR_MISS`` over the limit (see :func:`_costly`). A plan with the regions
+  of one tried before is not compiled again. The first order with a met plan
+  ends the search (which order goes on when: :func:`_search_orders`); the met
+  plan with the least recompute is the answer.
   """
   flat: core.ClosedJaxpr
   graph: Graph

@@ -58,7 +58,8 @@ def test_a_sweep_with_nothing_left_to_drop_is_not_re_aimed(name, monkeypatch):
     options = RematOptions(1, name, small_node_bytes=0)
     sweeps = []
     real_swept = greedy.swept
-    monkeypatch.setattr(greedy, "swept", lambda *a: sweeps.append(a[4]) or real_swept(*a))
+    monkeypatch.setattr(greedy, "swept",
+                        lambda *a: sweeps.append(a[4]) or real_swept(*a))
     result = get_algorithm(name)(g, order, options)
     starts = 2 if name == "standard" else 1
     assert len(sweeps) == 2 * starts
