@@ -124,9 +124,11 @@ class Graph:
         other values, as a planner rewriting a checked graph makes it: ``values``
         and ``ops`` start with ``base``'s (same ids), ``changed`` names every op
         that is new or reads other values than in ``base``, and ``order`` is a
-        topological order. Nothing is checked, and the derived fields are
-        ``base``'s with the changed ops' edges redone (a rewrite touches a few
-        ops of a big program, and planners make many rewrites)."""
+        topological order. Nothing is checked, and ``users`` is ``base``'s with
+        the changed ops' edges redone (a rewrite touches a few ops of a big
+        program, and planners make many rewrites); ``predecessors`` and
+        ``successors``, which planners do not read on a rewrite, are derived on
+        first use."""
         graph = object.__new__(cls)
         for name, part in (("values", values), ("ops", ops), ("inputs", base.inputs),
                            ("outputs", base.outputs), ("donated", base.donated),
@@ -134,44 +136,33 @@ class Graph:
             object.__setattr__(graph, name, part)
         n_old = len(base.ops)
         users = list(base.users) + [()] * (len(values) - len(base.values))
-        predecessors = list(base.predecessors) + [()] * (len(ops) - n_old)
-        successors = list(base.successors) + [()] * (len(ops) - n_old)
-        # Edges a changed op no longer has, and the ones it has now.
-        gone_users: dict[int, set[int]] = {}
-        gone_successors: dict[int, set[int]] = {}
+        gone: dict[int, set[int]] = {}      # values a changed op no longer reads
         for o in changed:
             if o < n_old:
                 for v in base.ops[o].inputs:
-                    gone_users.setdefault(v, set()).add(o)
-                for p in base.predecessors[o]:
-                    gone_successors.setdefault(p, set()).add(o)
-        new_users: dict[int, dict[int, None]] = {}
-        new_successors: dict[int, dict[int, None]] = {}
+                    gone.setdefault(v, set()).add(o)
+        new: dict[int, dict[int, None]] = {}   # values a changed op reads now
         for o in changed:
-            preds: dict[int, None] = {}
             for v in ops[o].inputs:
-                new_users.setdefault(v, {})[o] = None
-                p = values[v].producer
-                if p is not None:
-                    preds[p] = None
-            predecessors[o] = tuple(preds)
-            for p in preds:
-                new_successors.setdefault(p, {})[o] = None
-        for table, gone, new in ((users, gone_users, new_users),
-                                 (successors, gone_successors, new_successors)):
-            for key, added in new.items():
-                if key in gone or table[key]:
-                    kept = set(table[key]).difference(gone.get(key, ()))
-                    kept.update(added)
-                    table[key] = tuple(sorted(kept))
-                else:           # a new value or op: only new edges
-                    table[key] = tuple(sorted(added))
-            for key in gone.keys() - new.keys():
-                table[key] = tuple(sorted(set(table[key]).difference(gone[key])))
+                new.setdefault(v, {})[o] = None
+        for v, added in new.items():
+            if v in gone or users[v]:
+                kept = set(users[v]).difference(gone.get(v, ()))
+                kept.update(added)
+                users[v] = tuple(sorted(kept))
+            else:           # a new value: only new readers
+                users[v] = tuple(sorted(added))
+        for v in gone.keys() - new.keys():
+            users[v] = tuple(sorted(set(users[v]).difference(gone[v])))
         object.__setattr__(graph, "users", tuple(users))
-        object.__setattr__(graph, "predecessors", tuple(predecessors))
-        object.__setattr__(graph, "successors", tuple(successors))
         return graph
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for an attribute not set: the op edges of a rewired graph.
+        if name in ("predecessors", "successors"):
+            self._derive()
+            return self.__dict__[name]
+        raise AttributeError(f"'Graph' object has no attribute {name!r}")
 
     def _derive(self) -> None:
         """Sets the derived fields: users, predecessors, successors."""
