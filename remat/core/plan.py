@@ -131,23 +131,24 @@ def _reach(seeds: set[int], edges, inside=None) -> set[int]:
 
 
 def _merge_overlapping(graph: Graph, regions: Sequence[Region], position):
-    """Regions whose blocks would overlap are merged into one."""
-    merged: list[tuple[set[int], set[int], set[int]]] = []   # recompute, consumers, hull
-    for r in regions:
+    """Regions whose blocks would overlap are merged into one (placed where the
+    last of them was), until no two blocks overlap."""
+    merged: dict[int, tuple[set[int], set[int], set[int]]] = {}  # recompute, consumers, hull
+    owner: dict[int, int] = {}      # op -> the merged region whose block holds it
+    for key, r in enumerate(regions):
         rec, cons = set(r.recompute), set(r.consumers)
         hull = convex_hull(graph, cons, position)
-        i = 0
-        while i < len(merged):
-            if merged[i][2] & hull:
-                orec, ocons, _ = merged.pop(i)
+        while overlapped := {owner[o] for o in hull if o in owner}:
+            for k in overlapped:
+                orec, ocons, ohull = merged.pop(k)
                 rec |= orec
                 cons |= ocons
-                hull = convex_hull(graph, cons, position)
-                i = 0
-            else:
-                i += 1
-        merged.append((rec, cons, hull))
-    return merged
+                for o in ohull:
+                    del owner[o]
+            hull = convex_hull(graph, cons, position)
+        merged[key] = (rec, cons, hull)
+        owner.update(dict.fromkeys(hull, key))
+    return list(merged.values())
 
 
 def apply_plan(graph: Graph, schedule: Sequence[int],
