@@ -127,8 +127,10 @@ def test_deep_limits_drop_checkpoints_through_other_regions(name):
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("name", ["standard", "path"])
 def test_reused_chains_give_the_plans_fresh_ones_give(seed, name, monkeypatch):
-    # The greedy engine reuses a chain until a value it starts from is dropped;
-    # working every chain out afresh must choose the same regions.
+    # The greedy engine reuses a chain until a value it starts from is dropped,
+    # and a drop's answer until a drop reads the value or its chain is
+    # forgotten; working every chain and drop out afresh must choose the same
+    # regions.
     from remat.core.algorithms import greedy
     from .random_graphs import random_dag
     g = random_dag(seed, num_ops=60)
@@ -136,9 +138,13 @@ def test_reused_chains_give_the_plans_fresh_ones_give(seed, name, monkeypatch):
     tl = simulate(g, order)
     fixed = tl.input_bytes + tl.output_bytes
 
-    def afresh(self, roots, depth, first_late):
-        chain = self._find(roots, depth, first_late)[0]
+    def afresh(self, key):
+        chain = self._find(*key)[0]
         return chain, sum(greedy.op_cost(self.est.graph, o) for o in chain or ())
+
+    def drop_afresh(est, v, peak, depth, chains):
+        return greedy._work_out_drop(est, v, peak, depth, chains,
+                                     est.readers.get(v, ()))[2]
 
     for fraction in (0.6, 0.3):
         options = RematOptions(int(fixed + fraction * (tl.peak_bytes - fixed)), name,
@@ -147,6 +153,7 @@ def test_reused_chains_give_the_plans_fresh_ones_give(seed, name, monkeypatch):
         g.__dict__.pop("_trajectories", None)   # sweep again, not replay
         with monkeypatch.context() as m:
             m.setattr(greedy._Chains, "get", afresh)
+            m.setattr(greedy, "_drop_for", drop_afresh)
             fresh = get_algorithm(name)(g, order, options)
         assert reused.regions == fresh.regions
         assert reused.timeline.peak_bytes == fresh.timeline.peak_bytes

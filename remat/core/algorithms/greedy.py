@@ -137,6 +137,10 @@ class Estimate:
         for step, op in enumerate(schedule):
             self.position[op] = step
         self.fused = timeline.fused
+        # _rebuild_peak's answers on this order (they depend on nothing else)
+        self.rebuild_peaks: dict[tuple, int] = graph.memo(
+            "_rebuild_peaks", dict, full=lambda memo: len(memo) >= _TRAJECTORIES_KEPT
+        ).setdefault(tuple(schedule), {})
         self.born = [-1] * len(graph.values)
         for op, step in enumerate(self.position):
             for v in graph.ops[op].outputs:
@@ -242,7 +246,31 @@ class Estimate:
 
 def _drop_for(est: Estimate, v: int, peak: int, depth: int, chains: "_Chains"
               ) -> Drop | None:
-    """How ``v`` would be dropped across ``peak``, or None if it cannot be."""
+    """How ``v`` would be dropped across ``peak``, or None if it cannot be.
+
+    A sweep asks again and again (on ResNet-50, each value at a peak step about
+    20 times), so the answer is kept on ``chains`` while it holds: until a drop
+    reads ``v`` (its list of ``est.readers`` grows) or the chain it used is
+    forgotten. Nothing else it reads changes during a sweep (``v`` itself, once
+    dropped, is not asked about again)."""
+    key = (v, peak, depth)
+    known = chains.drops.get(key)
+    readers = est.readers.get(v, ())
+    if known is not None:
+        n_readers, chain_key, chain_entry, drop = known
+        if n_readers == len(readers) and (
+                chain_key is None or chains.known.get(chain_key) is chain_entry):
+            return drop
+    chain_key, chain_entry, drop = _work_out_drop(est, v, peak, depth, chains, readers)
+    chains.drops[key] = (len(readers), chain_key, chain_entry, drop)
+    return drop
+
+
+def _work_out_drop(est: Estimate, v: int, peak: int, depth: int, chains: "_Chains",
+                   readers: Sequence[int]) -> tuple[tuple | None, tuple | None, Drop | None]:
+    """:func:`_drop_for`'s answer, worked out, after the key and entry in
+    ``chains.known`` of the chain it looked up (None if none): the answer holds
+    while that entry does."""
     graph = est.graph
     late: list[int] = []
     fused_early: list[int] = []
@@ -261,30 +289,34 @@ def _drop_for(est: Estimate, v: int, peak: int, depth: int, chains: "_Chains"
                 fused_early.append(u)
                 stack.extend(graph.ops[u].outputs)
     extends = []
-    for k in est.readers.get(v, ()):
+    for k in readers:
         if est.drops[k].first_late <= peak:
             early_end = max(early_end, est.drops[k].first_late)
         else:
             extends.append(k)
     if not late and not extends:
-        return None
+        return None, None, None
     first_late = min([est.position[u] for u in late] +
                      [est.drops[k].first_late for k in extends])
     roots = [graph.values[v].producer, *fused_early]
-    chain, chain_cost = chains.get(roots, depth + len(fused_early), first_late)
+    chain_key = (tuple(roots), depth + len(fused_early), first_late)
+    entry = chains.get(chain_key)
+    chain, chain_cost = entry
     if chain is None:
-        return None
+        return chain_key, entry, None
     nbytes = graph.values[v].nbytes
     if est.joins(extends):
         # joins the one region that needs it: one rebuild, held for its readers
-        return Drop(v, chain, tuple(sorted(late)), early_end, first_late, nbytes,
-                    chain_cost, tuple(extends), first_late)
+        return chain_key, entry, Drop(v, chain, tuple(sorted(late)), early_end,
+                                      first_late, nbytes, chain_cost, tuple(extends),
+                                      first_late)
     own = min((est.position[u] for u in late), default=None)
     cost = chain_cost * (len(extends) + (own is not None))
     freed_until = own if own is not None else est.dies[v] + 1
     region_step = own if own is not None else first_late
-    return Drop(v, chain, tuple(sorted(late)), early_end, region_step, nbytes, cost,
-                tuple(extends), freed_until)
+    return chain_key, entry, Drop(v, chain, tuple(sorted(late)), early_end,
+                                  region_step, nbytes, cost, tuple(extends),
+                                  freed_until)
 
 
 def _with_transients(est: Estimate, d: Drop) -> Drop:
@@ -312,7 +344,16 @@ def _rebuild_peak(est: Estimate, chain: Sequence[int], v: int,
     """The most bytes the chain's results other than ``v`` hold at once while it
     runs (the copy of ``v`` takes the place the original held): each result lives
     until the last op of the chain that reads it, or to the end if an op the
-    region serves (``served``) reads it."""
+    region serves (``served``) reads it. Kept per order (sweeps ask again)."""
+    key = (tuple(chain), v, frozenset(served))
+    known = est.rebuild_peaks.get(key)
+    if known is None:
+        known = est.rebuild_peaks[key] = _work_out_rebuild_peak(est, chain, v, served)
+    return known
+
+
+def _work_out_rebuild_peak(est: Estimate, chain: Sequence[int], v: int,
+                           served: set[int]) -> int:
     graph = est.graph
     members = set(chain)
     order = sorted(chain, key=est.position.__getitem__)
@@ -344,17 +385,19 @@ class _Chains:
 
     A chain found once is reused until a value it starts from is dropped. Drops
     only ever end values earlier, so a chain that was not found stays not found.
+    It also keeps :func:`_drop_for`'s answers (``drops``).
     """
 
     def __init__(self, est: Estimate, allowed: Sequence[bool], inputs: set[int]):
         self.est, self.allowed, self.inputs = est, allowed, inputs
         self.known: dict[tuple, tuple[tuple[int, ...] | None, float]] = {}
         self.starts: dict[int, list[tuple]] = {}   # value -> keys of chains reading it
+        self.drops: dict[tuple, tuple] = {}        # _drop_for's answers
 
-    def get(self, roots: Sequence[int], depth: int, first_late: int
-            ) -> tuple[tuple[int, ...] | None, float]:
-        key = (tuple(roots), depth, first_late)
+    def get(self, key: tuple) -> tuple[tuple[int, ...] | None, float]:
+        """The chain of ``key`` (``(roots, depth, first_late)``) and its cost."""
         if key not in self.known:
+            roots, depth, first_late = key
             chain, starts = self._find(roots, depth, first_late)
             graph = self.est.graph
             self.known[key] = (chain, sum(op_cost(graph, o) for o in chain or ()))
