@@ -16,7 +16,8 @@ then applied once (``remat.core.plan.apply_plan``) and simulated for real; if th
 real peak is over the limit, the engine runs again aiming lower by the difference
 (unless the sweep ran out of values to drop: aiming lower would drop the same).
 Within a sweep, a value's chain is worked out once and reused until a value it
-starts from is dropped (``_Chains``). Which value a sweep drops next never
+starts from is dropped (``_Chains``), and so is the drop of a value across a
+peak step until a drop reads the value or its chain is forgotten. Which value a sweep drops next never
 depends on its target, only where it stops, so each graph keeps each phase's
 sweep (a :class:`Trajectory`) and later sweeps, re-aimed or for another attempt,
 replay it and go on from its end (``swept``).
