@@ -133,7 +133,8 @@ def _reach(seeds: set[int], edges, inside=None) -> set[int]:
 def _merge_overlapping(graph: Graph, regions: Sequence[Region], position):
     """Regions whose blocks would overlap are merged into one (placed where the
     last of them was), until no two blocks overlap."""
-    merged: dict[int, tuple[set[int], set[int], set[int]]] = {}  # recompute, consumers, hull
+    # recompute, consumers and block (hull) of each merged region
+    merged: dict[int, tuple[set[int], set[int], set[int]]] = {}
     owner: dict[int, int] = {}      # op -> the merged region whose block holds it
     for key, r in enumerate(regions):
         rec, cons = set(r.recompute), set(r.consumers)

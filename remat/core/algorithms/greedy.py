@@ -17,10 +17,10 @@ real peak is over the limit, the engine runs again aiming lower by the differenc
 (unless the sweep ran out of values to drop: aiming lower would drop the same).
 Within a sweep, a value's chain is worked out once and reused until a value it
 starts from is dropped (``_Chains``), and so is the drop of a value across a
-peak step until a drop reads the value or its chain is forgotten. Which value a sweep drops next never
-depends on its target, only where it stops, so each graph keeps each phase's
-sweep (a :class:`Trajectory`) and later sweeps, re-aimed or for another attempt,
-replay it and go on from its end (``swept``).
+peak step until a drop reads the value or its chain is forgotten. Which value a
+sweep drops next never depends on its target, only where it stops, so each
+graph keeps each phase's sweep (a :class:`Trajectory`) and later sweeps,
+re-aimed or for another attempt, replay it and go on from its end (``swept``).
 
 A value that an earlier region's chain reads can be dropped too: either each
 region that needs it recomputes it (the default), or, when one region needs it,
@@ -268,7 +268,8 @@ def _drop_for(est: Estimate, v: int, peak: int, depth: int, chains: "_Chains"
 
 
 def _work_out_drop(est: Estimate, v: int, peak: int, depth: int, chains: "_Chains",
-                   readers: Sequence[int]) -> tuple[tuple | None, tuple | None, Drop | None]:
+                   readers: Sequence[int]
+                   ) -> tuple[tuple | None, tuple | None, Drop | None]:
     """:func:`_drop_for`'s answer, worked out, after the key and entry in
     ``chains.known`` of the chain it looked up (None if none): the answer holds
     while that entry does."""
