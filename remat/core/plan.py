@@ -130,15 +130,22 @@ def _reach(seeds: set[int], edges, inside=None) -> set[int]:
     return seen
 
 
-def _merge_overlapping(graph: Graph, regions: Sequence[Region], position):
+def _merge_overlapping(graph: Graph, regions: Sequence[Region], position,
+                       blocks: dict[Region, tuple[Region, frozenset[int]]]):
     """Regions whose blocks would overlap are merged into one (placed where the
-    last of them was), until no two blocks overlap."""
+    last of them was), until no two blocks overlap. ``blocks`` keeps each
+    region's consumers with their fusions and its block (read-only sets)."""
     # recompute, consumers and block (hull) of each merged region
     merged: dict[int, tuple[set[int], set[int], set[int]]] = {}
     owner: dict[int, int] = {}      # op -> the merged region whose block holds it
-    for key, r in enumerate(regions):
+    for key, region in enumerate(regions):
+        known = blocks.get(region)
+        if known is None:
+            fused = _with_fusions(graph, region, position)
+            known = blocks[region] = fused, frozenset(
+                convex_hull(graph, fused.consumers, position))
+        r, hull = known
         rec, cons = set(r.recompute), set(r.consumers)
-        hull = convex_hull(graph, cons, position)
         while overlapped := {owner[o] for o in hull if o in owner}:
             for k in overlapped:
                 orec, ocons, ohull = merged.pop(k)
@@ -163,8 +170,7 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
     position = [0] * n
     for step, op_id in enumerate(schedule):
         position[op_id] = step
-    regions = [_with_fusions(graph, r, position) for r in regions]
-    merged = _merge_overlapping(graph, regions, position)
+    merged = _merge_overlapping(graph, regions, position, _blocks_known(graph, schedule))
     for k, (rec, _, _) in enumerate(merged):
         if any(not 0 <= o < n for o in rec):
             raise PlanError(f"region {k} recomputes an op id outside 0..{n - 1}.")
@@ -242,6 +248,21 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
     return Rewritten(new_graph, tuple(schedule_out), tuple(origin), tuple(is_copy),
                      tuple(region_of), tuple(blocks), tuple(value_origin),
                      final_regions)
+
+
+#: Regions whose blocks a graph remembers in all (then it starts again).
+_BLOCKS_KEPT = 16384
+
+
+def _blocks_known(graph: Graph, schedule: Sequence[int]
+                  ) -> dict[Region, tuple[Region, frozenset[int]]]:
+    """Each region's consumers with their fusions, and its block, on ``graph``
+    and ``schedule``, as worked out so far: a planner's trials share most of
+    their regions (merging tries one pair at a time)."""
+    by_schedule = graph.memo(
+        "_region_blocks", dict,
+        full=lambda memo: sum(len(m) for m in memo.values()) >= _BLOCKS_KEPT)
+    return by_schedule.setdefault(tuple(schedule), {})
 
 
 def _with_fusions(graph: Graph, region: Region, position) -> Region:

@@ -6,6 +6,7 @@ from remat.core.algorithms.standard import plan_standard
 from remat.core.graph import Graph, GraphBuilder
 from remat.core.options import RematOptions
 from remat.core.plan import PlanError, Region, apply_plan, convex_hull
+from remat.core.schedulers import dfs_schedule
 from remat.core.simulate import check_schedule, simulate
 
 from .random_graphs import random_dag, training_chain
@@ -117,6 +118,37 @@ def test_evaluate_remembers_peaks_and_recent_results(monkeypatch):
     assert plan_module.known_peak(g, (0, 1, 2), bad) == float("inf")
     # another schedule is another plan
     assert plan_module.known_peak(graph, order[::-1], regions) is None
+
+
+@pytest.mark.parametrize("seed", range(1, 5))
+def test_blocks_remembered_across_plans_rewrite_as_fresh_ones(seed):
+    # apply_plan keeps each region's block per graph and schedule; plans sharing
+    # regions (merge trials, in any order, on two schedules) rewrite exactly as
+    # on a graph that remembers nothing
+    graph = random_dag(seed, num_ops=40)
+    order = tuple(range(graph.num_ops))
+    limit = int(simulate(graph, order).peak_bytes * 0.7)
+    regions = list(plan_standard(graph, order, RematOptions(
+        limit, "standard", small_node_bytes=0)).regions)
+    assert len(regions) >= 2
+    schedules = [order, dfs_schedule(graph)]
+    trials = [regions, regions[::-1], regions[1:], regions[:1] + regions[2:],
+              [Region(tuple(sorted(set(regions[0].recompute) | set(regions[1].recompute))),
+                      tuple(sorted(set(regions[0].consumers) | set(regions[1].consumers))))]
+              + regions[2:],
+              [Region(r.recompute, r.consumers[:1]) for r in regions]]
+    for schedule in schedules:
+        for trial in trials:
+            fresh = random_dag(seed, num_ops=40)    # the same program, nothing kept
+            try:
+                want = apply_plan(fresh, schedule, trial)
+            except PlanError:
+                with pytest.raises(PlanError):
+                    apply_plan(graph, schedule, trial)
+                continue
+            got = apply_plan(graph, schedule, trial)
+            assert got.schedule == want.schedule and got.regions == want.regions
+            assert got.graph.ops == want.graph.ops and got.blocks == want.blocks
 
 
 def _fused_reader_graph(root: str):
