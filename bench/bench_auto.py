@@ -5,9 +5,10 @@ the plain program's temporaries, on top of its arguments and outputs), we plan,
 compile and report XLA's own figures: the compiled footprint against the limit,
 the FLOPs ratio to the plain program (``cost_analysis()``), the median step-time
 ratio (plain and rematerialized steps timed in turn), the planning time (tracing
-excluded, as ``jax.jit`` traces too; the median of ``--plan-runs`` searches,
-three by default) against XLA's compile time of the plain program (the median of
-three compiles), and whether the gradients match.
+excluded, as ``jax.jit`` traces too) against XLA's compile time of the plain
+program, taken side by side (``--plan-runs`` times, three by default, a compile
+then a search; the medians of each and of their ratios), and whether the
+gradients match.
 A limit that cannot be met is reported with the least footprint reached. One
 small program is planned first, untimed, so that one-time initialization (first
 calls into JAX's tracing machinery and NumPy) is not charged to the first model.
@@ -64,18 +65,15 @@ def _median_times(fns, args, rounds):
   return [float(np.median(t)) for t in times]
 
 
-def _compile_seconds(step, args, times: int = 3):
-  """The median seconds XLA takes to compile ``jax.jit(step)`` (``times``
-  compiles, JAX's caches cleared before each, since a compile of the same
-  program is otherwise answered from memory), and the compiled program."""
-  seconds = []
-  for _ in range(times):
-    jax.clear_caches()
-    lowered = jax.jit(step).lower(*args)
-    start = time.perf_counter()
-    plain = lowered.compile()
-    seconds.append(time.perf_counter() - start)
-  return float(np.median(seconds)), plain
+def _compile_once(step, args):
+  """Seconds XLA takes to compile ``jax.jit(step)`` (JAX's caches cleared first,
+  since a compile of the same program is otherwise answered from memory), and
+  the compiled program."""
+  jax.clear_caches()
+  lowered = jax.jit(step).lower(*args)
+  start = time.perf_counter()
+  plain = lowered.compile()
+  return time.perf_counter() - start, plain
 
 
 def warm_up() -> None:
@@ -89,15 +87,22 @@ def warm_up() -> None:
 
 
 def _planned(step, args, fraction: float, algorithm: str, runs: int):
-  """The plan for one row and the median of its planning seconds over ``runs``
-  searches (each compiles its attempts again: XLA's compiles are not planning).
-  Every search must end at the same plan; a limit refused is refused at once."""
-  plans = [remat.plan(step, *args, memory_limit=fraction, algorithm=algorithm)
-           for _ in range(runs)]
+  """The plan for one row, and its planning and compile times taken side by
+  side: ``runs`` times, a compile of the plain program, then a search (which
+  compiles its attempts again: XLA's compiles are not planning). Returns the
+  plan, the median planning and compile seconds, and the median of the per-run
+  ratios (a slow spell of the machine slows both). Every search must end at the
+  same plan; a limit refused is refused at once."""
+  plans, compiles = [], []
+  for _ in range(runs):
+    compiles.append(_compile_once(step, args)[0])
+    plans.append(remat.plan(step, *args, memory_limit=fraction, algorithm=algorithm))
   if len({(p.planned.total, p.extra_flops) for p in plans}) > 1:
     raise AssertionError(f"{algorithm} at {fraction:.0%}: the searches ended at "
                          "different plans; planning should be deterministic.")
-  return plans[0], float(np.median([p.plan_seconds for p in plans]))
+  seconds = [p.plan_seconds for p in plans]
+  return (plans[0], float(np.median(seconds)), float(np.median(compiles)),
+          float(np.median([s / c for s, c in zip(seconds, compiles)])))
 
 
 def run_model(name: str, algorithms, limits, rounds: int, plan_runs: int = 3
@@ -105,16 +110,16 @@ def run_model(name: str, algorithms, limits, rounds: int, plan_runs: int = 3
   model = MODELS[name]()
   step = jax.grad(model.loss_fn)
   args = (model.params, model.batch)
-  compile_s, plain = _compile_seconds(step, args)
+  _, plain = _compile_once(step, args)
   want = jax.tree_util.tree_leaves(plain(*args))
   plain_flops = plain.cost_analysis()["flops"]
   rows = []
   for algorithm in algorithms:
     for fraction in limits:
-      row = dict(model=name, algorithm=algorithm, fraction=fraction,
-                 compile_s=compile_s)
+      row = dict(model=name, algorithm=algorithm, fraction=fraction)
       try:
-        plan, plan_s = _planned(step, args, fraction, algorithm, plan_runs)
+        plan, plan_s, compile_s, plan_ratio = _planned(step, args, fraction,
+                                                       algorithm, plan_runs)
       except remat.MemoryLimitError as e:
         row.update(error=str(e))
         rows.append(row)
@@ -127,7 +132,8 @@ def run_model(name: str, algorithms, limits, rounds: int, plan_runs: int = 3
       row.update(limit=plan.limit_bytes, baseline=plan.baseline.total,
                  footprint=plan.planned.total,
                  flops_ratio=plan.compiled.cost_analysis()["flops"] / plain_flops,
-                 time_ratio=t_plan / t_plain, plan_s=plan_s, rel_err=err)
+                 time_ratio=t_plan / t_plain, plan_s=plan_s, compile_s=compile_s,
+                 plan_ratio=plan_ratio, rel_err=err)
       rows.append(row)
       print(_line(row), flush=True)
   return rows
@@ -138,18 +144,19 @@ def _line(r: dict) -> str:
     least = r["error"].split("the least reached is ")[1].split(". ")[0]
     floor = r["error"].split("goes below about ")[1].split(" (")[0]
     return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | refused: least "
-            f"reached {least}, floor of the pass {floor} | | | | | |")
+            f"reached {least}, floor of the pass {floor} | | | | | | |")
   mib = 2 ** 20
   return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | "
           f"{r['limit'] / mib:.1f} | {r['baseline'] / mib:.1f} -> "
           f"{r['footprint'] / mib:.1f} | {r['flops_ratio']:.2f} | "
           f"{r['time_ratio']:.2f} | {r['plan_s']:.2f} / {r['compile_s']:.2f} | "
-          f"{r['rel_err']:.0e} |")
+          f"{r['plan_ratio']:.2f} | {r['rel_err']:.0e} |")
 
 
 HEADER = ("| model | algorithm | limit (of temps) | limit (MiB) | XLA footprint (MiB) | "
-          "FLOPs ratio | step-time ratio | plan / compile (s) | grad rel. err |\n"
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "FLOPs ratio | step-time ratio | plan / compile (s) | plan ÷ compile | "
+          "grad rel. err |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
@@ -191,7 +198,9 @@ def main() -> None:
   result_file("auto").write_text(
       f"Device: {jax.default_backend()}, jax {jax.__version__}; median of "
       f"{args.rounds} samples, each at least {_MIN_SAMPLE_SECONDS * 1000:.0f} ms of "
-      f"steps; planning time: the median of {args.plan_runs} searches.\n\n"
+      f"steps; planning and compile times: medians of {args.plan_runs} compiles of the "
+      "plain program, each followed by a search; plan ÷ compile: the median of "
+      "their ratios.\n\n"
       f"{HEADER}\n" + "\n".join(_line(r) for r in rows) + "\n")
   plot(rows, result_file("auto", ".png"))
 
