@@ -153,12 +153,39 @@ def test_a_merge_judged_over_the_limit_is_over_it():
     base = evaluate(graph, order, regions)
     judged = 0
     for limit in (peak, peak + 1000, peak + 2000):
-        held = consolidate._HeldCopies(graph, order, base, limit)
         for i, a in enumerate(regions):
             for b in regions[i + 1:]:
+                held = consolidate._HeldCopies(graph, order, base, limit)
                 if held.over(_sets(a), _sets(b)):
                     judged += 1
                     merged = [r for r in regions if r not in (a, b)]
                     merged.append(consolidate._merged(a, b))
                     assert _peak_and_flops(graph, merged)[0] > limit
+    assert judged > 0
+
+
+def test_the_merges_of_a_run_add_up():
+    # Once a run takes a merge, its held copies count against the next: a merge
+    # that fits alone is judged over beside one taken before, and is over.
+    graph, order, regions, peak = _six_layers()
+    base = evaluate(graph, order, regions)
+    limit = peak + 2000     # two activations of room
+    pairs = [(a, b) for i, a in enumerate(regions) for b in regions[i + 1:]]
+
+    def fresh():
+        return consolidate._HeldCopies(graph, order, base, limit)
+
+    judged = 0
+    for x in pairs:
+        for y in pairs:
+            if set(x) & set(y) or fresh().over(*map(_sets, x)) or fresh().over(
+                    *map(_sets, y)):
+                continue
+            held = fresh()
+            assert not held.over(*map(_sets, x))       # taken: it counts from now on
+            if held.over(*map(_sets, y)):
+                judged += 1
+                merged = [r for r in regions if r not in x + y]
+                merged += [consolidate._merged(*x), consolidate._merged(*y)]
+                assert _peak_and_flops(graph, merged)[0] > limit
     assert judged > 0

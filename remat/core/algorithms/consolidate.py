@@ -18,12 +18,13 @@ every merge of two regions that each hold one side of it (their recompute and
 consumers): the block would be bigger and hold more copies for longer (on the
 U-Net at 30%, 7-15% fewer trials for the same or less recompute). A merge
 judged to break the limit by the copies it would hold on top of the last
-simulation (:class:`_HeldCopies`) is not tried (12-layer chain at 30%: 10
-trials instead of 29, the same plan; a wrong judgement costs recompute, never
-a plan over the limit, since every merge kept was simulated). ``max_trials``
-bounds the trials; a trial whose regions are known to miss the limit (simulated
-before, in this or an earlier merge run: :func:`remat.core.plan.known_peak`) is
-not simulated again.
+simulation, with the merges the run took before it (:class:`_HeldCopies`), is
+not tried (12-layer chain at 30%: one trial, where judging each merge alone
+took 10 and no judgement 29, for the same plan; a wrong judgement costs
+recompute, never a plan over the limit, since every merge kept was simulated).
+``max_trials`` bounds the trials; a trial whose regions are known to miss the
+limit (simulated before, in this or an earlier merge run:
+:func:`remat.core.plan.known_peak`) is not simulated again.
 
 Example::
 
@@ -104,8 +105,14 @@ class _HeldCopies:
     copies were the last to read (it may now die at ``x``'s block). Over the
     limit at some such step: the merge is skipped without a trial (on the
     12-layer chain at 30%, most failing merges hold one activation too many).
+    A merge judged within the limit is taken by the run, so its held copies
+    count against the run's later merges (merges that each fit alone can break
+    the limit together: judged one by one against the simulation, the chain's
+    first run, of ten merges, missed and took ten trials to sort out; the run
+    of eight that the sum allows fits at once).
     It is an estimate: ops that move around the merged block are not followed;
-    the benchmark plans compared came out the same or cheaper with it."""
+    the benchmark plans compared came out the same or cheaper with it (taking
+    the run's merges into account left every benchmark plan as it was)."""
 
     def __init__(self, graph: Graph, schedule: Sequence[int],
                  base: tuple[Rewritten, Timeline], limit_bytes: int):
@@ -113,7 +120,7 @@ class _HeldCopies:
         self.graph, self.limit = graph, limit_bytes
         self.position = {op: s for s, op in enumerate(schedule)}
         self.fused = fused_values(graph)
-        self.live = tl.live_during_bytes
+        self.live = list(tl.live_during_bytes)   # plus the merges taken so far
         step_of = {op: s for s, op in enumerate(rw.schedule)}
         self.spans = [(step_of[b[0]], step_of[b[-1]]) for b in rw.blocks]
         # per block: its copies' steps, and the original positions of their ops
@@ -148,24 +155,40 @@ class _HeldCopies:
     def over(self, a: tuple[frozenset, frozenset], b: tuple[frozenset, frozenset]
              ) -> bool:
         """Whether merging ``a`` and ``b`` (recompute and consumer sets) would
-        break the limit, by the estimate."""
+        break the limit, by the estimate; if not, the merge's held copies count
+        from then on (a run's merges add up)."""
+        added = self._added(a, b)
+        if added is None:
+            return True
+        live = self.live
+        for start, extra in added:
+            for i, e in enumerate(extra):
+                live[start + i] += e
+        return False
+
+    def _added(self, a, b) -> list[tuple[int, list[int]]] | None:
+        """The bytes merging ``a`` and ``b`` adds from each step on (as runs of
+        steps: first step, bytes per step), or None if that breaks the limit."""
         ka, kb = self._blocks(a[1]), self._blocks(b[1])
         if not ka or not kb:
-            return False
+            return []
         span_a = (min(self.spans[k][0] for k in ka), max(self.spans[k][1] for k in ka))
         span_b = (min(self.spans[k][0] for k in kb), max(self.spans[k][1] for k in kb))
         if span_b[1] < span_a[0]:
             a, b, ka, kb, span_a, span_b = b, a, kb, ka, span_b, span_a
         if span_a[1] >= span_b[0]:
-            return False        # interleaved blocks
+            return []           # interleaved blocks
         graph, late, values, fused = self.graph, b[1], self.graph.values, self.fused
         held = [v for o in a[0] | b[0] for v in graph.ops[o].outputs
                 if not fused[v] and not late.isdisjoint(graph.users[v])]
         room = self.limit + sum(self.read_last[k] for k in kb - ka)
         live = self.live
-        if span_a[1] + 1 < span_b[0] and (max(live[span_a[1] + 1:span_b[0]]) +
-                                          sum(values[v].nbytes for v in held) > room):
-            return True
+        held_bytes = sum(values[v].nbytes for v in held)
+        added = []
+        if span_a[1] + 1 < span_b[0]:
+            if max(live[span_a[1] + 1:span_b[0]]) + held_bytes > room:
+                return None
+            added.append((span_a[1] + 1, [held_bytes] * (span_b[0] - span_a[1] - 1)))
         for k in ka:        # in an early block
             first, last = self.spans[k]
             extra = [0] * (last - first + 1)     # bytes added from each step on
@@ -180,10 +203,11 @@ class _HeldCopies:
                     start = self.last_use[copy] + 1
                 if start <= last:
                     extra[max(start - first, 0)] += values[v].nbytes
-            if max(map(operator.add, live[first:last + 1],
-                       itertools.accumulate(extra))) > room:
-                return True
-        return False
+            extra = list(itertools.accumulate(extra))
+            if max(map(operator.add, live[first:last + 1], extra)) > room:
+                return None
+            added.append((first, extra))
+        return added
 
 
 def _merge_run(regions: Sequence[Region], costs: Sequence[float], rejected: set,
