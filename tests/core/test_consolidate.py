@@ -164,6 +164,28 @@ def test_a_merge_judged_over_the_limit_is_over_it():
     assert judged > 0
 
 
+def test_the_copies_of_the_blocks_a_merge_swallows_count():
+    # Merging two regions makes one block of everything between their consumers:
+    # the blocks between join it, and their copies are made at its start. Merges
+    # judged over only for those copies (their count zeroed, judged within)
+    # are over.
+    graph, order, regions, peak = _six_layers()
+    base = evaluate(graph, order, regions)
+    judged = 0
+    for limit in (peak + 1000, peak + 2000, peak + 3000):
+        for i, a in enumerate(regions):
+            for b in regions[i + 1:]:
+                held = consolidate._HeldCopies(graph, order, base, limit)
+                blind = consolidate._HeldCopies(graph, order, base, limit)
+                blind.copy_bytes = [0] * len(blind.copy_bytes)
+                if held.over(_sets(a), _sets(b)) and not blind.over(_sets(a), _sets(b)):
+                    judged += 1
+                    merged = [r for r in regions if r not in (a, b)]
+                    merged.append(consolidate._merged(a, b))
+                    assert _peak_and_flops(graph, merged)[0] > limit
+    assert judged > 0
+
+
 def test_the_merges_of_a_run_add_up():
     # Once a run takes a merge, its held copies count against the next: a merge
     # that fits alone is judged over beside one taken before, and is over.
