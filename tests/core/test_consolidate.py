@@ -148,20 +148,27 @@ def test_merges_judged_to_break_the_limit_are_not_tried(monkeypatch):
     assert told == untold and 0 < trials_told < trials_untold
 
 
-def test_a_merge_judged_over_the_limit_is_over_it():
+def _judged_merges_are_over(limits, judged_over) -> int:
+    """On the six-layer chain, every merge of two regions that
+    ``judged_over(held, a, b)`` says breaks the limit does: the count of them."""
     graph, order, regions, peak = _six_layers()
     base = evaluate(graph, order, regions)
     judged = 0
-    for limit in (peak, peak + 1000, peak + 2000):
+    for limit in (peak + room for room in limits):
         for i, a in enumerate(regions):
             for b in regions[i + 1:]:
-                held = consolidate._HeldCopies(graph, order, base, limit)
-                if held.over(_sets(a), _sets(b)):
+                if judged_over(lambda: consolidate._HeldCopies(graph, order, base, limit),
+                               _sets(a), _sets(b)):
                     judged += 1
                     merged = [r for r in regions if r not in (a, b)]
                     merged.append(consolidate._merged(a, b))
                     assert _peak_and_flops(graph, merged)[0] > limit
-    assert judged > 0
+    return judged
+
+
+def test_a_merge_judged_over_the_limit_is_over_it():
+    assert _judged_merges_are_over((0, 1000, 2000),
+                                   lambda held, a, b: held().over(a, b)) > 0
 
 
 def test_the_copies_of_the_blocks_a_merge_swallows_count():
@@ -169,21 +176,11 @@ def test_the_copies_of_the_blocks_a_merge_swallows_count():
     # the blocks between join it, and their copies are made at its start. Merges
     # judged over only for those copies (their count zeroed, judged within)
     # are over.
-    graph, order, regions, peak = _six_layers()
-    base = evaluate(graph, order, regions)
-    judged = 0
-    for limit in (peak + 1000, peak + 2000, peak + 3000):
-        for i, a in enumerate(regions):
-            for b in regions[i + 1:]:
-                held = consolidate._HeldCopies(graph, order, base, limit)
-                blind = consolidate._HeldCopies(graph, order, base, limit)
-                blind.copy_bytes = [0] * len(blind.copy_bytes)
-                if held.over(_sets(a), _sets(b)) and not blind.over(_sets(a), _sets(b)):
-                    judged += 1
-                    merged = [r for r in regions if r not in (a, b)]
-                    merged.append(consolidate._merged(a, b))
-                    assert _peak_and_flops(graph, merged)[0] > limit
-    assert judged > 0
+    def over_for_those_copies(held, a, b):
+        blind = held()
+        blind.copy_bytes = [0] * len(blind.copy_bytes)
+        return held().over(a, b) and not blind.over(a, b)
+    assert _judged_merges_are_over((1000, 2000, 3000), over_for_those_copies) > 0
 
 
 def test_the_merges_of_a_run_add_up():
