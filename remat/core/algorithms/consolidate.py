@@ -177,7 +177,8 @@ class _HeldCopies:
                 live[start + i] += e
         return False
 
-    def _added(self, a, b) -> list[tuple[int, list[int]]] | None:
+    def _added(self, a: tuple[frozenset, frozenset], b: tuple[frozenset, frozenset]
+               ) -> list[tuple[int, list[int]]] | None:
         """The bytes merging ``a`` and ``b`` adds from each step on (as runs of
         steps: first step, bytes per step), or None if that breaks the limit."""
         ka, kb = self._blocks(a[1]), self._blocks(b[1])
@@ -200,10 +201,10 @@ class _HeldCopies:
             lo, hi = span_a[1] + 1, span_b[0]
             delta = [0] * (hi - lo + 1)
             delta[0] = held_bytes
-            for m, (f, l) in enumerate(self.spans):   # blocks between: swallowed
-                if lo <= f and l < hi and m not in ka and m not in kb:
+            for m, (start, end) in enumerate(self.spans):   # blocks between: swallowed
+                if lo <= start and end < hi and m not in ka and m not in kb:
                     delta[0] += self.copy_bytes[m]
-                    delta[f - lo] -= self.copy_bytes[m]
+                    delta[start - lo] -= self.copy_bytes[m]
             extra = list(itertools.accumulate(delta))[:hi - lo]
             if max(map(operator.add, live[lo:hi], extra)) > room:
                 return None
