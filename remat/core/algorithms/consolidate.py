@@ -19,10 +19,10 @@ consumers): the block would be bigger and hold more copies for longer (on the
 U-Net at 30%, 7-15% fewer trials for the same or less recompute). A merge
 judged to break the limit by the copies it would hold on top of the last
 simulation, with the merges the run took before it and the copies of the
-blocks the merged block swallows (:class:`_HeldCopies`), is
-not tried (12-layer chain at 30%: one trial, where judging each merge alone
-took 10 and no judgement 29, for the same plan; a wrong judgement costs
-recompute, never a plan over the limit, since every merge kept was simulated).
+blocks the merged block swallows (:class:`_HeldCopies`), is not tried (12-layer
+chain at 30%: one trial, where judging each merge alone took 10 and no
+judgement 29, for the same plan; a wrong judgement costs recompute, never a
+plan over the limit, since every merge kept was simulated).
 ``max_trials`` bounds the trials; a trial whose regions are known to miss the
 limit (simulated before, in this or an earlier merge run:
 :func:`remat.core.plan.known_peak`) is not simulated again.
@@ -138,11 +138,13 @@ class _HeldCopies:
         self.block_of = rw.region
         self.last_use = tl.last_use_step
         rgraph = rw.graph
-        # per block: bytes of the originals its copies read last, and the copy
-        # of each original value it recomputes
+        # per block: bytes of its copies (held from a merged block's start if a
+        # merge swallows it)
         self.copy_bytes = [sum(rgraph.values[v].nbytes for o in b if rw.is_copy[o]
                                for v in rgraph.ops[o].outputs if not tl.fused[v])
                            for b in rw.blocks]
+        # per block: bytes of the originals its copies read last, and the copy
+        # of each original value it recomputes
         self.read_last = [0] * len(rw.blocks)
         self.copy_of: list[dict[int, int]] = [{} for _ in rw.blocks]
         for k, block in enumerate(rw.blocks):
@@ -202,7 +204,7 @@ class _HeldCopies:
             delta = [0] * (hi - lo + 1)
             delta[0] = held_bytes
             for m, (start, end) in enumerate(self.spans):   # blocks between: swallowed
-                if lo <= start and end < hi and m not in ka and m not in kb:
+                if lo <= start and end < hi:
                     delta[0] += self.copy_bytes[m]
                     delta[start - lo] -= self.copy_bytes[m]
             extra = list(itertools.accumulate(delta))[:hi - lo]
