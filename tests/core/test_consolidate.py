@@ -2,6 +2,7 @@
 
 from remat.core.algorithms import consolidate
 from remat.core.algorithms.consolidate import _covers, merge_regions
+from remat.core.graph import GraphBuilder
 from remat.core.plan import Region, apply_plan, evaluate
 from remat.core.simulate import simulate
 
@@ -208,3 +209,47 @@ def test_the_merges_of_a_run_add_up():
                 merged += [consolidate._merged(*x), consolidate._merged(*y)]
                 assert _peak_and_flops(graph, merged)[0] > limit
     assert judged > 0
+
+
+def _judged_at_the_merged_peak(graph, early: Region, late: Region) -> None:
+    """Merging ``early`` and ``late`` is judged over a limit one byte under
+    the merged plan's simulated peak, and within one at it."""
+    order = tuple(range(graph.num_ops))
+    base = evaluate(graph, order, [early, late])
+    peak = evaluate(graph, order, [consolidate._merged(early, late)])[1].peak_bytes
+    assert peak > base[1].peak_bytes
+    for limit, over in ((peak - 1, True), (peak, False)):
+        held = consolidate._HeldCopies(graph, order, base, limit)
+        assert held.over(_sets(early), _sets(late)) is over
+
+
+def test_what_the_late_block_reads_from_between_is_made_before_the_merged_block():
+    # The late consumer reads ``m``, made between the two blocks by an op that
+    # does not depend on the early one: the merged block waits for ``m``, which
+    # is then live across its copies.
+    b = GraphBuilder()
+    x = b.add_input(10)
+    (a,) = b.add_op("f", [x], [1000], flops=100)
+    (y,) = b.add_op("h", [a], [10])
+    (z,) = b.add_op("k", [y, a], [10])            # op 2: the early consumer
+    (m,) = b.add_op("g", [x], [2000])
+    (w,) = b.add_op("k", [z, a, m], [10])         # op 4: the late consumer
+    _judged_at_the_merged_peak(b.build(outputs=[w]), Region((0,), (2,)),
+                               Region((0,), (4,)))
+
+
+def test_a_fused_copy_holds_what_it_reads_until_the_late_consumer():
+    # Only the late region rebuilds the mask ``gt(c)``, fused into the late
+    # consumer: merged, it runs there, at the block's end, so the copy of ``c``
+    # it reads is held across the early region's other copies.
+    b = GraphBuilder()
+    x = b.add_input(10)
+    (c,) = b.add_op("conv", [x], [1000], flops=100)
+    (r,) = b.add_op("relu", [c], [1000], flops=10)
+    (mask,) = b.add_op("gt", [c], [250], flops=10, fusion="loop")
+    (d,) = b.add_op("conv", [r], [1000], flops=100)
+    (e,) = b.add_op("relu", [d], [1000], flops=10)
+    (ga,) = b.add_op("bwd", [e], [10])                          # op 5: early
+    (w,) = b.add_op("bwd", [ga, r, mask], [10], fusion="loop")  # op 6: late
+    _judged_at_the_merged_peak(b.build(outputs=[w]), Region((0, 1, 3, 4), (5,)),
+                               Region((0, 1, 2), (6,)))
