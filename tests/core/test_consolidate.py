@@ -1,5 +1,7 @@
 """Merging regions that rebuild the same ops (remat.core.algorithms.consolidate)."""
 
+import pytest
+
 from remat.core.algorithms import consolidate
 from remat.core.algorithms.consolidate import _covers, merge_regions
 from remat.core.graph import GraphBuilder
@@ -238,10 +240,12 @@ def test_what_the_late_block_reads_from_between_is_made_before_the_merged_block(
                                Region((0,), (4,)))
 
 
-def test_a_fused_copy_holds_what_it_reads_until_the_late_consumer():
-    # Only the late region rebuilds the mask ``gt(c)``, fused into the late
+@pytest.mark.parametrize("early", [(0, 1, 3, 4), (0, 1, 2, 3, 4)])
+def test_a_fused_copy_holds_what_it_reads_until_the_late_consumer(early):
+    # The late region rebuilds the mask ``gt(c)`` (op 2), fused into the late
     # consumer: merged, it runs there, at the block's end, so the copy of ``c``
-    # it reads is held across the early region's other copies.
+    # it reads is held across the early region's other copies (whether the
+    # early region made an unread copy of the mask or none).
     b = GraphBuilder()
     x = b.add_input(10)
     (c,) = b.add_op("conv", [x], [1000], flops=100)
@@ -251,5 +255,5 @@ def test_a_fused_copy_holds_what_it_reads_until_the_late_consumer():
     (e,) = b.add_op("relu", [d], [1000], flops=10)
     (ga,) = b.add_op("bwd", [e], [10])                          # op 5: early
     (w,) = b.add_op("bwd", [ga, r, mask], [10], fusion="loop")  # op 6: late
-    _judged_at_the_merged_peak(b.build(outputs=[w]), Region((0, 1, 3, 4), (5,)),
+    _judged_at_the_merged_peak(b.build(outputs=[w]), Region(early, (5,)),
                                Region((0, 1, 2), (6,)))

@@ -202,11 +202,12 @@ class _HeldCopies:
     def _read_by_late_copies(self, a: tuple[frozenset, frozenset],
                              b: tuple[frozenset, frozenset], held: list[int]
                              ) -> dict[int, float]:
-        """The values that the copies only the late region ``b`` made read
-        from other copies, each with the original position of its last such
-        reader, where it now runs among the merged block's copies (a fused op
-        runs with the op reading its results: infinite if that is a late
-        consumer, the block's end)."""
+        """The values that the late region ``b``'s copies read from other
+        copies, each with the original position of its last such reader, where
+        it now runs among the merged block's copies (a fused op runs with the
+        op reading its results: infinite if that is a late consumer, the
+        block's end). Copies the early region ``a`` made too count only when
+        fused into a late consumer (else they run where they did)."""
         graph, fused, all_fused = self.graph, self.fused, self.all_fused
         recomputed, late = a[0] | b[0], b[1]
         ran: dict[int, float] = {}
@@ -226,8 +227,10 @@ class _HeldCopies:
             return ran[o]
 
         until: dict[int, float] = {}
-        for o in b[0] - a[0]:
+        for o in b[0]:
             at = runs_at(o)
+            if o in a[0] and at != math.inf:
+                continue
             for v in graph.ops[o].inputs:
                 if (v not in held and graph.values[v].producer in recomputed
                         and not fused[v] and at > until.get(v, -1)):
