@@ -129,7 +129,7 @@ class _HeldCopies:
     30% by a quarter for the same plan: 16 of the 18 single merges it had
     simulated over the limit peaked inside such a merged block; counting what
     moves before the merged block and the late copies' reads took its merge
-    trials from 153 to about 100, again for the same plans)."""
+    trials from 153 to 93, again for the same plans)."""
 
     def __init__(self, graph: Graph, schedule: Sequence[int],
                  base: tuple[Rewritten, Timeline], limit_bytes: int):
@@ -205,9 +205,9 @@ class _HeldCopies:
         """The values that the late region ``b``'s copies read from other
         copies, each with the original position of its last such reader, where
         it now runs among the merged block's copies (a fused op runs with the
-        op reading its results: infinite if that is a late consumer, the
-        block's end). Copies the early region ``a`` made too count only when
-        fused into a late consumer (else they run where they did)."""
+        op reading its results: infinite if that is a consumer, as consumers
+        run after every copy). Copies the early region ``a`` made too count
+        only when so fused (else they run where they did)."""
         graph, fused, all_fused = self.graph, self.fused, self.all_fused
         recomputed, late = a[0] | b[0], b[1]
         ran: dict[int, float] = {}
