@@ -153,14 +153,14 @@ class _HeldCopies:
         self.copy_bytes = [sum(rgraph.values[v].nbytes for o in b if rw.is_copy[o]
                                for v in rgraph.ops[o].outputs if not tl.fused[v])
                            for b in rw.blocks]
-        # per block: bytes of the originals its copies read last, and the copy
-        # of each original value it recomputes
-        self.read_last = [0] * len(rw.blocks)
         # per block: the original values it reads from outside (step made,
         # bytes, and the blocks their producer depends on, as bits)
         self.reads: list[dict[int, tuple[int, int, int]]] = [{} for _ in rw.blocks]
         below = _blocks_below(rw, (min(s for s, _ in self.spans),
                                    max(s for s, _ in self.spans))) if rw.blocks else []
+        # per block: bytes of the originals its copies read last, and the copy
+        # of each original value it recomputes
+        self.read_last = [0] * len(rw.blocks)
         self.copy_of: list[dict[int, int]] = [{} for _ in rw.blocks]
         for k, block in enumerate(rw.blocks):
             first, last = self.spans[k]
