@@ -36,47 +36,101 @@ _EXPANSION = 8
 
 
 def fused_values(graph: Graph) -> list[bool]:
-    """For each value id, whether a fusing compiler keeps it out of memory."""
-    cached = graph.__dict__.get("_fused_values")
-    if cached is not None:
-        return cached
-    ops = graph.ops
-    values = graph.values
-    users = graph.users
-    is_output = [False] * len(values)
-    for v in graph.outputs:
-        is_output[v] = True
-    fused = [False] * len(values)
-    # fusion_of[op]: an id naming the fusion the op ends up in; ops that are not
-    # fused into their users name their own fusion, and a duplicated producer gets
-    # an id no other op has (it is in several fusions).
-    fusion_of = list(range(len(ops)))
-    absorbs = [op.fusion in _ABSORBS_FUSED_PRODUCERS for op in ops]
+    """For each value id, whether a fusing compiler keeps it out of memory.
+
+    Worked out once per graph. A graph a plan rewrote (:meth:`Graph.rewired`)
+    starts from its base's answer and redoes only the ops whose readers changed,
+    and those upstream of them whose fusion changed in turn (the answer is the
+    same as from scratch: an op's fusion depends only on its values' readers)."""
+    known = graph.__dict__.get("_fusion")
+    if known is None:
+        if graph.rewired_from is None:
+            known = _fusion_from_scratch(graph)
+        else:
+            known = _fusion_after_rewiring(graph, *graph.rewired_from)
+        object.__setattr__(graph, "_fusion", known)
+    return known[0]
+
+
+def _fusion_from_scratch(graph: Graph) -> tuple[list[bool], list[int]]:
+    """Each value's fused flag, and each op's fusion id (see :func:`_settle`)."""
+    fused = [False] * len(graph.values)
+    fusion_of = list(range(len(graph.ops)))
+    outputs = set(graph.outputs)
     for op_id in reversed(graph.topological_order):
-        op = ops[op_id]
-        if op.fusion != "loop" or not op.outputs:
+        fusion_of[op_id] = _settle(graph, op_id, outputs, fused, fusion_of)
+    return fused, fusion_of
+
+
+def _fusion_after_rewiring(graph: Graph, base: Graph, changed: tuple[int, ...]
+                           ) -> tuple[list[bool], list[int]]:
+    """:func:`_fusion_from_scratch` of ``graph``, made from ``base`` by appending
+    ops and values and rewiring the ops in ``changed``, redoing only what moved."""
+    fused_values(base)
+    fused_before, fusion_before = base.__dict__["_fusion"]
+    ops, values = graph.ops, graph.values
+    n_old = len(base.ops)
+    fused = fused_before + [False] * (len(values) - len(base.values))
+    fusion_of = fusion_before + list(range(n_old, len(ops)))
+    # ops to settle again: the new ones, and the producers of every value
+    # whose readers changed
+    stack = []
+    for o in changed:
+        if o >= n_old:
+            stack.append(o)
+        else:
+            stack.extend(values[v].producer for v in base.ops[o].inputs)
+        stack.extend(values[v].producer for v in ops[o].inputs)
+    pending = set(stack)
+    pending.discard(None)
+    stack = list(pending)
+    outputs = set(graph.outputs)
+    while stack:
+        op_id = stack.pop()
+        pending.discard(op_id)
+        fusion = _settle(graph, op_id, outputs, fused, fusion_of)
+        if fusion != fusion_of[op_id]:
+            fusion_of[op_id] = fusion
+            for v in ops[op_id].inputs:
+                p = values[v].producer
+                if p is not None and p not in pending and ops[p].fusion == "loop":
+                    pending.add(p)
+                    stack.append(p)
+    return fused, fusion_of
+
+
+def _settle(graph: Graph, op_id: int, outputs: set[int], fused: list[bool],
+            fusion_of: list[int]) -> int:
+    """Sets ``fused`` for ``op_id``'s values from their readers' fusions, and
+    returns the id of the fusion the op ends up in: its own id if it is not
+    fused into its readers, a reader's fusion if all of them are in that one, or
+    an id no other op has if it is duplicated into several."""
+    op = graph.ops[op_id]
+    if op.fusion != "loop" or not op.outputs:
+        return op_id
+    ops, users = graph.ops, graph.users
+    read_bytes = -1         # worked out when needed
+    targets: set[int] = set()
+    all_fused = True
+    for v in op.outputs:
+        fused[v] = False
+        readers = users[v]
+        if v in outputs or not readers or not all(
+                ops[u].fusion in _ABSORBS_FUSED_PRODUCERS for u in readers):
+            all_fused = False
             continue
-        read_bytes = -1         # worked out when needed
-        targets: set[int] = set()
-        all_fused = True
-        for v in op.outputs:
-            readers = users[v]
-            if is_output[v] or not readers or not all(map(absorbs.__getitem__, readers)):
-                all_fused = False
+        reader_fusions = {fusion_of[u] for u in readers}
+        if len(reader_fusions) > 1:
+            if read_bytes < 0:
+                read_bytes = sum(graph.values[i].nbytes for i in set(op.inputs))
+            if read_bytes * _EXPANSION > graph.values[v].nbytes:
+                all_fused = False  # too costly to duplicate into several fusions
                 continue
-            reader_fusions = {fusion_of[u] for u in readers}
-            if len(reader_fusions) > 1:
-                if read_bytes < 0:
-                    read_bytes = sum(values[i].nbytes for i in set(op.inputs))
-                if read_bytes * _EXPANSION > values[v].nbytes:
-                    all_fused = False  # too costly to duplicate into several fusions
-                    continue
-            fused[v] = True
-            targets |= reader_fusions
-        if all_fused:
-            fusion_of[op_id] = targets.pop() if len(targets) == 1 else -1 - op_id
-    object.__setattr__(graph, "_fused_values", fused)
-    return fused
+        fused[v] = True
+        targets |= reader_fusions
+    if not all_fused:
+        return op_id
+    return targets.pop() if len(targets) == 1 else -1 - op_id
 
 
 def resident_bytes(graph: Graph) -> list[int]:

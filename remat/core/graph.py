@@ -100,6 +100,9 @@ class Graph:
       topological_order: the op ids in a topological order (ties broken by id, so
         a graph built in program order keeps that order). Derived; for a graph a
         rewrite made (:meth:`rewired`), the running order the rewrite gave.
+      rewired_from: for a graph :meth:`rewired` made, ``(base, changed)``: what
+        it was made from, so that facts known of ``base`` can be updated rather
+        than worked out again; None for a graph built whole.
     """
 
     values: tuple[Value, ...]
@@ -111,6 +114,8 @@ class Graph:
     predecessors: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False)
     successors: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False)
     topological_order: tuple[int, ...] = dataclasses.field(init=False, repr=False)
+    rewired_from: tuple["Graph", tuple[int, ...]] | None = dataclasses.field(
+        default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_ids(self)
@@ -132,7 +137,8 @@ class Graph:
         graph = object.__new__(cls)
         for name, part in (("values", values), ("ops", ops), ("inputs", base.inputs),
                            ("outputs", base.outputs), ("donated", base.donated),
-                           ("topological_order", order)):
+                           ("topological_order", order),
+                           ("rewired_from", (base, tuple(changed)))):
             object.__setattr__(graph, name, part)
         n_old = len(base.ops)
         users = list(base.users) + [()] * (len(values) - len(base.values))

@@ -17,10 +17,13 @@ def chain(length: int, nbytes: int = 100) -> Graph:
 
 
 def random_dag(seed: int, num_ops: int = 30, num_inputs: int = 3, max_operands: int = 3,
-               fusion: bool = True, window: int | None = None) -> Graph:
+               fusion: bool = True, window: int | None = None,
+               kinds: tuple[str, ...] = FUSION_KINDS) -> Graph:
     """A random DAG: each op reads 1..max_operands earlier values (inputs or outputs
     of earlier ops, from the last ``window`` ops when given) and defines 1 or 2
-    values of random sizes; a few random values are program outputs."""
+    values of random sizes; a few random values are program outputs. Each op's
+    fusion kind is drawn from ``kinds`` (repeat one to make it likelier), or is
+    "none" without ``fusion``."""
     rng = random.Random(seed)
     b = GraphBuilder()
     values = [b.add_input(rng.randint(1, 1000), donated=rng.random() < 0.2)
@@ -30,7 +33,7 @@ def random_dag(seed: int, num_ops: int = 30, num_inputs: int = 3, max_operands: 
         operands = rng.sample(pool, k=min(len(pool), rng.randint(1, max_operands)))
         sizes = [rng.choice([0, 4, 64, 512, 4096, rng.randint(1, 10_000)])
                  for _ in range(rng.choice([1, 1, 1, 2]))]
-        kind = rng.choice(FUSION_KINDS) if fusion else "none"
+        kind = rng.choice(kinds) if fusion else "none"
         values.extend(b.add_op(f"op{i}", operands, sizes, fusion=kind,
                                flops=rng.randint(0, 100),
                                working_set_bytes=rng.choice([0, 0, 0, 256])))
