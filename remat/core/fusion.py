@@ -56,9 +56,11 @@ def _fusion_from_scratch(graph: Graph) -> tuple[list[bool], list[int]]:
     """Each value's fused flag, and each op's fusion id (see :func:`_settle`)."""
     fused = [False] * len(graph.values)
     fusion_of = list(range(len(graph.ops)))
-    outputs = set(graph.outputs)
-    for op_id in reversed(graph.topological_order):
-        fusion_of[op_id] = _settle(graph, op_id, outputs, fused, fusion_of)
+    ops = graph.ops
+    # last one first: in reverse topological order, an op's readers are settled
+    # before it, and nothing is settled twice
+    _settle(graph, [o for o in graph.topological_order if ops[o].fusion == "loop"],
+            fused, fusion_of, upstream=False)
     return fused, fusion_of
 
 
@@ -66,71 +68,78 @@ def _fusion_after_rewiring(graph: Graph, base: Graph, changed: tuple[int, ...]
                            ) -> tuple[list[bool], list[int]]:
     """:func:`_fusion_from_scratch` of ``graph``, made from ``base`` by appending
     ops and values and rewiring the ops in ``changed``, redoing only what moved."""
+    n_old = len(base.ops)
+    if 2 * len(changed) > n_old:   # (starting over costs less)
+        return _fusion_from_scratch(graph)
     fused_values(base)
     fused_before, fusion_before = base.__dict__["_fusion"]
     ops, values = graph.ops, graph.values
-    n_old = len(base.ops)
     fused = fused_before + [False] * (len(values) - len(base.values))
     fusion_of = fusion_before + list(range(n_old, len(ops)))
     # ops to settle again: the new ones, and the producers of every value
     # whose readers changed
-    stack = []
+    dirty = set()
     for o in changed:
         if o >= n_old:
-            stack.append(o)
+            dirty.add(o)
         else:
-            stack.extend(values[v].producer for v in base.ops[o].inputs)
-        stack.extend(values[v].producer for v in ops[o].inputs)
-    pending = set(stack)
-    pending.discard(None)
-    stack = list(pending)
+            dirty.update(values[v].producer for v in base.ops[o].inputs)
+        dirty.update(values[v].producer for v in ops[o].inputs)
+    dirty.discard(None)
+    # in topological order, so that (last first) an op's readers are settled first
+    _settle(graph, [o for o in graph.topological_order
+                    if o in dirty and ops[o].fusion == "loop"], fused, fusion_of,
+            upstream=True)
+    return fused, fusion_of
+
+
+def _settle(graph: Graph, stack: list[int], fused: list[bool],
+            fusion_of: list[int], upstream: bool) -> None:
+    """Settles the ``"loop"`` ops on ``stack``, last first (and with
+    ``upstream``, again any op upstream whose readers' fusion moved): sets
+    ``fused`` for each one's values from their readers' fusions, and its fusion
+    id: its own id if it is not fused into its readers, a reader's fusion if all
+    of them are in that one, or an id no other op has if it is duplicated into
+    several."""
+    ops, values, users = graph.ops, graph.values, graph.users
     outputs = set(graph.outputs)
+    pending = set(stack) if upstream else set()     # on the stack
     while stack:
         op_id = stack.pop()
         pending.discard(op_id)
-        fusion = _settle(graph, op_id, outputs, fused, fusion_of)
-        if fusion != fusion_of[op_id]:
-            fusion_of[op_id] = fusion
-            for v in ops[op_id].inputs:
+        op = ops[op_id]
+        read_bytes = -1         # worked out when needed
+        targets: set[int] = set()
+        all_fused = bool(op.outputs)
+        for v in op.outputs:
+            fused[v] = False
+            readers = users[v]
+            if v in outputs or not readers or not all(
+                    ops[u].fusion in _ABSORBS_FUSED_PRODUCERS for u in readers):
+                all_fused = False
+                continue
+            reader_fusions = {fusion_of[u] for u in readers}
+            if len(reader_fusions) > 1:
+                if read_bytes < 0:
+                    read_bytes = sum(values[i].nbytes for i in set(op.inputs))
+                if read_bytes * _EXPANSION > values[v].nbytes:
+                    all_fused = False  # too costly to duplicate into several fusions
+                    continue
+            fused[v] = True
+            targets |= reader_fusions
+        if not all_fused:
+            fusion = op_id
+        else:
+            fusion = targets.pop() if len(targets) == 1 else -1 - op_id
+        if fusion == fusion_of[op_id]:
+            continue
+        fusion_of[op_id] = fusion
+        if upstream:
+            for v in op.inputs:
                 p = values[v].producer
                 if p is not None and p not in pending and ops[p].fusion == "loop":
                     pending.add(p)
                     stack.append(p)
-    return fused, fusion_of
-
-
-def _settle(graph: Graph, op_id: int, outputs: set[int], fused: list[bool],
-            fusion_of: list[int]) -> int:
-    """Sets ``fused`` for ``op_id``'s values from their readers' fusions, and
-    returns the id of the fusion the op ends up in: its own id if it is not
-    fused into its readers, a reader's fusion if all of them are in that one, or
-    an id no other op has if it is duplicated into several."""
-    op = graph.ops[op_id]
-    if op.fusion != "loop" or not op.outputs:
-        return op_id
-    ops, users = graph.ops, graph.users
-    read_bytes = -1         # worked out when needed
-    targets: set[int] = set()
-    all_fused = True
-    for v in op.outputs:
-        fused[v] = False
-        readers = users[v]
-        if v in outputs or not readers or not all(
-                ops[u].fusion in _ABSORBS_FUSED_PRODUCERS for u in readers):
-            all_fused = False
-            continue
-        reader_fusions = {fusion_of[u] for u in readers}
-        if len(reader_fusions) > 1:
-            if read_bytes < 0:
-                read_bytes = sum(graph.values[i].nbytes for i in set(op.inputs))
-            if read_bytes * _EXPANSION > graph.values[v].nbytes:
-                all_fused = False  # too costly to duplicate into several fusions
-                continue
-        fused[v] = True
-        targets |= reader_fusions
-    if not all_fused:
-        return op_id
-    return targets.pop() if len(targets) == 1 else -1 - op_id
 
 
 def resident_bytes(graph: Graph) -> list[int]:
