@@ -167,10 +167,8 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
     blocks allow (a priority topological sort on original positions).
     """
     n = len(graph.ops)
-    position = [0] * n
-    for step, op_id in enumerate(schedule):
-        position[op_id] = step
-    merged = _merge_overlapping(graph, regions, position, _blocks_known(graph, schedule))
+    position, blocks_known = _known_of_schedule(graph, schedule)
+    merged = _merge_overlapping(graph, regions, position, blocks_known)
     for k, (rec, _, _) in enumerate(merged):
         if any(not 0 <= o < n for o in rec):
             raise PlanError(f"region {k} recomputes an op id outside 0..{n - 1}.")
@@ -205,7 +203,7 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
             ins.append(v)
         return tuple(ins)
 
-    for unit in _unit_order(graph, position, merged):
+    for unit in _unit_order(graph, schedule, position, merged):
         if unit >= 0:
             done[unit] = True
             schedule_out.append(unit)
@@ -254,15 +252,23 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
 _BLOCKS_KEPT = 16384
 
 
-def _blocks_known(graph: Graph, schedule: Sequence[int]
-                  ) -> dict[Region, tuple[Region, frozenset[int]]]:
-    """Each region's consumers with their fusions, and its block, on ``graph``
-    and ``schedule``, as worked out so far: a planner's trials share most of
-    their regions (merging tries one pair at a time)."""
+def _known_of_schedule(graph: Graph, schedule: Sequence[int]
+                       ) -> tuple[list[int], dict[Region, tuple[Region, frozenset[int]]]]:
+    """Each op's step in ``schedule``, and each region's consumers with their
+    fusions and its block, on ``graph`` and ``schedule``, as worked out so far:
+    a planner's trials share the schedule and most of their regions (merging
+    tries one pair at a time)."""
     by_schedule = graph.memo(
         "_region_blocks", dict,
-        full=lambda memo: sum(len(m) for m in memo.values()) >= _BLOCKS_KEPT)
-    return by_schedule.setdefault(tuple(schedule), {})
+        full=lambda memo: sum(len(m[1]) for m in memo.values()) >= _BLOCKS_KEPT)
+    key = tuple(schedule)
+    known = by_schedule.get(key)
+    if known is None:
+        position = [0] * len(graph.ops)
+        for step, op_id in enumerate(schedule):
+            position[op_id] = step
+        known = by_schedule[key] = (position, {})
+    return known
 
 
 def _with_fusions(graph: Graph, region: Region, position) -> Region:
@@ -300,54 +306,65 @@ def _with_fusions(graph: Graph, region: Region, position) -> Region:
     return Region(region.recompute, tuple(sorted(consumers)))
 
 
-def _unit_order(graph: Graph, position, merged) -> list[int]:
+def _unit_order(graph: Graph, schedule: Sequence[int], position, merged
+                ) -> list[int]:
     """Topological order of units: ops outside blocks (as op ids) and blocks (as
     ``-1 - k``), earliest original position first.
 
     Most ops neither are in a block nor read from one: their dependencies are
     their predecessors, as in the graph. Only blocks and the ops reading from
-    them get dependency sets (a block also waits for what its copies read)."""
+    them get dependency sets (a block also waits for what its copies read).
+    The ops before the first block's first op run as in ``schedule``: none
+    depends on a block, and each is ready when its turn comes."""
     n = len(graph.ops)
+    if not merged:
+        return list(schedule)
     predecessors, successors = graph.predecessors, graph.successors
     # unit ids: an op outside blocks is itself; block k is n + k
     unit = list(range(n))
-    size = n + len(merged)
     first = list(position) + [n] * len(merged)
-    special = [False] * size    # units with dependency sets: blocks, their readers
+    special = [False] * (n + len(merged))  # units with dependency sets
     for k, (_, _, hull) in enumerate(merged):
         special[n + k] = True
+        first[n + k] = min(map(position.__getitem__, hull))
         for o in hull:
             unit[o] = n + k
-            first[n + k] = min(first[n + k], position[o])
-    for _, _, hull in merged:
-        for o in hull:
-            for s in successors[o]:
-                special[unit[s]] = True
+    start = min(first[n:])
     deps: dict[int, set[int]] = {}
-    for o in range(n):
-        u = unit[o]
-        if special[u]:
-            d = deps.setdefault(u, set())
+    for k, (rec, _, hull) in enumerate(merged):
+        u = n + k
+        d = deps[u] = set()
+        for o in hull:
             for p in predecessors[o]:
                 if unit[p] != u:
                     d.add(unit[p])
-    for k, (rec, _, _) in enumerate(merged):   # copies read the originals' inputs
-        u = n + k
-        for o in rec:
+        for o in rec:           # copies read the originals' inputs
             for p in predecessors[o]:
                 if p not in rec and unit[p] != u:
-                    deps[u].add(unit[p])
-    indegree = [len(predecessors[o]) for o in range(n)] + [0] * len(merged)
-    waiting: list[list[int]] = [[] for _ in range(size)]   # specials waiting on a unit
+                    d.add(unit[p])
+        for o in hull:
+            for s in successors[o]:
+                if unit[s] == s and not special[s]:     # reads from the block
+                    special[s] = True
+                    deps[s] = {unit[p] for p in predecessors[s]}
+    # what is left to run once the ops before ``start`` have: units still to wait for
+    indegree = [0] * len(special)
+    waiting: list[list[int]] = [[] for _ in special]     # specials waiting on a unit
     for u, d in deps.items():
-        indegree[u] = len(d)
         for p in d:
-            waiting[p].append(u)
-    ready = [(first[u], u) for u in range(n)
-             if not special[unit[u]] and indegree[u] == 0]
-    ready += [(first[u], u) for u, d in deps.items() if not d]
+            if p >= n or position[p] >= start:
+                indegree[u] += 1
+                waiting[p].append(u)
+    ready = []
+    for step in range(start, n):
+        o = schedule[step]
+        if not special[unit[o]]:
+            indegree[o] = left = sum(position[p] >= start for p in predecessors[o])
+            if not left:
+                ready.append((step, o))
+    ready += [(first[u], u) for u in deps if not indegree[u]]
     heapq.heapify(ready)
-    order = []
+    order = list(schedule[:start])
     while ready:
         _, u = heapq.heappop(ready)
         if u < n:

@@ -186,11 +186,15 @@ def _simulate(graph: Graph, schedule: tuple[int, ...], reuse_result_buffers: boo
     # The step at which each op really runs: a fused op runs with the last op that
     # consumes the chain it belongs to.
     anchor = [0] * len(ops)
-    for step in range(n_steps - 1, -1, -1):
-        op_id = schedule[step]
+    step = n_steps
+    for op_id in reversed(schedule):
+        step -= 1
         outs = ops[op_id].outputs
-        if outs and all(map(fused.__getitem__, outs)):
-            anchor[op_id] = max(anchor[u] for v in outs for u in users[v])
+        if outs and fused[outs[0]] and all(map(fused.__getitem__, outs)):
+            if len(outs) == 1:
+                anchor[op_id] = max(map(anchor.__getitem__, users[outs[0]]))
+            else:
+                anchor[op_id] = max(anchor[u] for v in outs for u in users[v])
         else:
             anchor[op_id] = step
 
@@ -207,6 +211,7 @@ def _simulate(graph: Graph, schedule: tuple[int, ...], reuse_result_buffers: boo
     # Each temporary's life: [defined_at, last_use_step].
     defined_at = [-1] * n_values
     last_use_step = [-1] * n_values
+    freed: list[int] = []       # the values freed at some step
     for v in range(n_values):
         if never_freed[v] or fused[v]:
             continue
@@ -219,26 +224,26 @@ def _simulate(graph: Graph, schedule: tuple[int, ...], reuse_result_buffers: boo
         else:
             continue  # an unread donated input is free from the start
         last_use_step[v] = last
+        freed.append(v)
         if p is not None:
             defined_at[v] = anchor[p]
 
-    if reuse_result_buffers:
-        in_output_buffer = _place_in_output_buffers(graph, anchor, resident, defined_at,
-                                                    last_use_step, output_set)
-    else:
-        in_output_buffer = [False] * n_values
     allocated = list(resident)
     for v in output_set:
         allocated[v] = 0  # allocated up front
-    for v in range(n_values):
-        if in_output_buffer[v]:
-            allocated[v] = 0
-
+    if reuse_result_buffers:
+        in_output_buffer = _place_in_output_buffers(graph, anchor, resident, defined_at,
+                                                    last_use_step, output_set)
+        for v in range(n_values):
+            if in_output_buffer[v]:
+                allocated[v] = 0
+    else:
+        in_output_buffer = [False] * n_values
+    # (a freed value is no output; an input's bytes go when it is freed)
     freed_bytes = [0] * n_steps
-    for v in range(n_values):
-        last = last_use_step[v]
-        if last >= 0:
-            freed_bytes[last] += allocated[v] if values[v].producer is not None else resident[v]
+    for v in freed:
+        freed_bytes[last_use_step[v]] += (
+            allocated[v] if values[v].producer is not None else resident[v])
 
     input_bytes = sum(values[v].nbytes for v in input_set)
     output_bytes = sum(values[v].nbytes for v in output_set)
