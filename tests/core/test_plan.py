@@ -134,6 +134,61 @@ def test_fusion_of_a_rewritten_graph_is_as_if_built_whole(first_seed):
     assert realized >= 100 and moved >= 5
 
 
+def _priority_order(graph, rw, position):
+    """The running order apply_plan promises, worked out plainly: units (a block,
+    or an op outside blocks) in a topological order of the rewritten program,
+    the earliest original position first (a block's: its first original op's).
+    A block's original ops also wait for what they read in ``graph`` (the
+    originals of the values the block recomputes for them)."""
+    import heapq
+    g = rw.graph
+    unit = [("op", o) if k < 0 else ("block", k) for o, k in enumerate(rw.region)]
+    key = {}
+    for o, u in enumerate(unit):
+        if not rw.is_copy[o]:
+            key[u] = min(key.get(u, len(position)), position[o])
+    deps = {u: set() for u in key}
+    for o, u in enumerate(unit):
+        deps[u].update(unit[p] for p in g.predecessors[o] if unit[p] != u)
+        if not rw.is_copy[o]:
+            deps[u].update(unit[p] for p in graph.predecessors[o] if unit[p] != u)
+    waiting = {u: [] for u in key}
+    for u, d in deps.items():
+        for p in d:
+            waiting[p].append(u)
+    left = {u: len(d) for u, d in deps.items()}
+    ready = [(key[u], u) for u in key if not left[u]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, u = heapq.heappop(ready)
+        order.extend(rw.blocks[u[1]] if u[0] == "block" else [u[1]])
+        for w in waiting[u]:
+            left[w] -= 1
+            if not left[w]:
+                heapq.heappush(ready, (key[w], w))
+    return tuple(order)
+
+
+@pytest.mark.parametrize("seed", range(1, 9))
+def test_running_order_is_the_priority_order_of_blocks_and_ops(seed):
+    # apply_plan orders the ops before the first block as scheduled and sorts
+    # the rest; the same order as a plain priority sort over the whole program
+    graph = random_dag(seed, num_ops=40)
+    schedule = tuple(range(graph.num_ops)) if seed % 2 else dfs_schedule(graph)
+    position = {o: s for s, o in enumerate(schedule)}
+    checked = 0
+    for fraction in (0.9, 0.7, 0.5):
+        limit = int(simulate(graph, schedule).peak_bytes * fraction)
+        regions = plan_standard(graph, schedule, RematOptions(
+            limit, "standard", small_node_bytes=0)).regions
+        if regions:
+            rw = apply_plan(graph, schedule, regions)
+            assert rw.schedule == _priority_order(graph, rw, position)
+            checked += 1
+    assert checked >= 2
+
+
 def test_evaluate_remembers_peaks_and_recent_results(monkeypatch):
     from remat.core import plan as plan_module
     graph = training_chain(6)
