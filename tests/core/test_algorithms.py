@@ -206,3 +206,38 @@ def test_a_plan_that_cannot_be_realized_is_reported_not_raised():
                                                             small_node_bytes=0))
         check_schedule(result.rewritten.graph, result.rewritten.schedule)
         assert result.met == (result.timeline.peak_bytes <= limit)
+
+
+@pytest.mark.parametrize("name", ["standard", "standardcompress"])
+def test_only_plans_that_can_still_win_are_consolidated(name, monkeypatch):
+    # The two starts' met plans are consolidated only while they can beat the
+    # cheapest consolidated one; the plan is the one consolidating both gives,
+    # and some consolidations are left out. (Seeds 22, 44 and 97: the plan whose
+    # recomputed ops cost least is not the cheapest once consolidated.)
+    from remat.core.algorithms import greedy
+    from remat.core.algorithms.compress import COMPRESS
+    from remat.core.algorithms.standard import STANDARD, STANDARD_WIDE
+    from .random_graphs import random_dag
+    calls = []
+    real = greedy.consolidated
+    monkeypatch.setattr(greedy, "consolidated", lambda *a: calls.append(1) or real(*a))
+    first = [COMPRESS] if name == "standardcompress" else []
+    left_out = 0
+    for seed in (*range(8), 22, 44, 97):
+        g = random_dag(seed, num_ops=60) if seed else training_chain(12)
+        order = tuple(range(g.num_ops))
+        tl = simulate(g, order)
+        fixed = tl.input_bytes + tl.output_bytes
+        for fraction in (0.7, 0.5, 0.3):
+            options = RematOptions(int(fixed + fraction * (tl.peak_bytes - fixed)),
+                                   name, small_node_bytes=0)
+            calls.clear()
+            got = get_algorithm(name)(g, order, options)
+            done = len(calls)
+            each = [greedy.run_greedy(g, order, options, first + [start],
+                                      keep=greedy.give_back)
+                    for start in (STANDARD, STANDARD_WIDE)]
+            want = greedy.best_of(each)
+            assert got.regions == want.regions and got.extra_flops == want.extra_flops
+            left_out += done < sum(r.met for r in each)
+    assert left_out >= 3

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from ..graph import Graph
 from ..options import RematOptions
-from .greedy import PlanResult, Strategy, best_of, give_back, run_greedy
+from .greedy import PlanResult, Strategy, cheapest_consolidated, give_back, run_greedy
 from .recomputable import recomputable
 
 __all__ = ["plan_standard", "STANDARD"]
@@ -35,5 +35,6 @@ STANDARD_WIDE = Strategy(allows=recomputable, start_depth=8)
 def plan_standard(graph: Graph, schedule: Sequence[int],
                   options: RematOptions) -> PlanResult:
     """Plans with the ``"standard"`` algorithm (see the module docstring)."""
-    return best_of([run_greedy(graph, schedule, options, [start], keep=give_back)
-                    for start in (STANDARD, STANDARD_WIDE)])
+    return cheapest_consolidated(graph, schedule, [
+        run_greedy(graph, schedule, options, [start], keep=give_back, consolidate=False)
+        for start in (STANDARD, STANDARD_WIDE)])

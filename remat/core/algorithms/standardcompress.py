@@ -7,7 +7,7 @@ from typing import Sequence
 from ..graph import Graph
 from ..options import RematOptions
 from .compress import COMPRESS
-from .greedy import PlanResult, best_of, give_back, run_greedy
+from .greedy import PlanResult, cheapest_consolidated, give_back, run_greedy
 from .standard import STANDARD, STANDARD_WIDE
 
 __all__ = ["plan_standardcompress"]
@@ -16,6 +16,7 @@ __all__ = ["plan_standardcompress"]
 def plan_standardcompress(graph: Graph, schedule: Sequence[int],
                           options: RematOptions) -> PlanResult:
     """Plans with ``"compress"``, then continues with ``"standard"``."""
-    return best_of([run_greedy(graph, schedule, options, [COMPRESS, start],
-                               keep=give_back)
-                    for start in (STANDARD, STANDARD_WIDE)])
+    return cheapest_consolidated(graph, schedule, [
+        run_greedy(graph, schedule, options, [COMPRESS, start], keep=give_back,
+                   consolidate=False)
+        for start in (STANDARD, STANDARD_WIDE)])
