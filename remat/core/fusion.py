@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from .graph import Graph
 
-__all__ = ["fused_values", "resident_bytes"]
+__all__ = ["fused_values", "fused_ops", "resident_bytes"]
 
 _ABSORBS_FUSED_PRODUCERS = ("loop", "reduce")
 
@@ -36,12 +36,22 @@ _EXPANSION = 8
 
 
 def fused_values(graph: Graph) -> list[bool]:
-    """For each value id, whether a fusing compiler keeps it out of memory.
+    """For each value id, whether a fusing compiler keeps it out of memory."""
+    return _fusion(graph)[0]
 
-    Worked out once per graph. A graph a plan rewrote (:meth:`Graph.rewired`)
-    starts from its base's answer and redoes only the ops whose readers changed,
-    and those upstream of them whose fusion changed in turn (the answer is the
-    same as from scratch: an op's fusion depends only on its values' readers)."""
+
+def fused_ops(graph: Graph) -> list[bool]:
+    """For each op id, whether it runs inside the fusion of the ops reading its
+    results (every value it defines is fused), so at the last of them."""
+    return [fusion != op for op, fusion in enumerate(_fusion(graph)[1])]
+
+
+def _fusion(graph: Graph) -> tuple[list[bool], list[int]]:
+    """Each value's fused flag and each op's fusion id, worked out once per
+    graph. A graph a plan rewrote (:meth:`Graph.rewired`) starts from its
+    base's and redoes only the ops whose readers changed, and those upstream of
+    them whose fusion changed in turn (the answer is the same as from scratch:
+    an op's fusion depends only on its values' readers)."""
     known = graph.__dict__.get("_fusion")
     if known is None:
         if graph.rewired_from is None:
@@ -49,7 +59,7 @@ def fused_values(graph: Graph) -> list[bool]:
         else:
             known = _fusion_after_rewiring(graph, *graph.rewired_from)
         object.__setattr__(graph, "_fusion", known)
-    return known[0]
+    return known
 
 
 def _fusion_from_scratch(graph: Graph) -> tuple[list[bool], list[int]]:
@@ -71,8 +81,7 @@ def _fusion_after_rewiring(graph: Graph, base: Graph, changed: tuple[int, ...]
     n_old = len(base.ops)
     if 2 * len(changed) > n_old:   # (starting over costs less)
         return _fusion_from_scratch(graph)
-    fused_values(base)
-    fused_before, fusion_before = base.__dict__["_fusion"]
+    fused_before, fusion_before = _fusion(base)
     ops, values = graph.ops, graph.values
     fused = fused_before + [False] * (len(values) - len(base.values))
     fusion_of = fusion_before + list(range(n_old, len(ops)))

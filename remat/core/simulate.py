@@ -52,10 +52,10 @@ import bisect
 import dataclasses
 from typing import Sequence
 
-from .fusion import fused_values, resident_bytes
+from .fusion import fused_ops, fused_values, resident_bytes
 from .graph import Graph
 
-__all__ = ["Timeline", "simulate", "ScheduleError"]
+__all__ = ["Timeline", "simulate", "ScheduleError", "anchor_steps"]
 
 
 class ScheduleError(ValueError):
@@ -173,6 +173,26 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True,
     return timeline
 
 
+def anchor_steps(graph: Graph, schedule: Sequence[int]) -> list[int]:
+    """For each op id, the step of ``schedule`` at which it really runs: a fused
+    op runs with the last op that consumes the chain it belongs to."""
+    ops, users = graph.ops, graph.users
+    in_fusion = fused_ops(graph)
+    anchor = [0] * len(ops)
+    step = len(schedule)
+    for op_id in reversed(schedule):
+        step -= 1
+        if in_fusion[op_id]:
+            outs = ops[op_id].outputs
+            if len(outs) == 1:
+                anchor[op_id] = max(map(anchor.__getitem__, users[outs[0]]))
+            else:
+                anchor[op_id] = max(anchor[u] for v in outs for u in users[v])
+        else:
+            anchor[op_id] = step
+    return anchor
+
+
 def _simulate(graph: Graph, schedule: tuple[int, ...], reuse_result_buffers: bool
               ) -> Timeline:
     ops = graph.ops
@@ -183,20 +203,7 @@ def _simulate(graph: Graph, schedule: tuple[int, ...], reuse_result_buffers: boo
     fused = fused_values(graph)
     resident = resident_bytes(graph)
 
-    # The step at which each op really runs: a fused op runs with the last op that
-    # consumes the chain it belongs to.
-    anchor = [0] * len(ops)
-    step = n_steps
-    for op_id in reversed(schedule):
-        step -= 1
-        outs = ops[op_id].outputs
-        if outs and fused[outs[0]] and all(map(fused.__getitem__, outs)):
-            if len(outs) == 1:
-                anchor[op_id] = max(map(anchor.__getitem__, users[outs[0]]))
-            else:
-                anchor[op_id] = max(anchor[u] for v in outs for u in users[v])
-        else:
-            anchor[op_id] = step
+    anchor = anchor_steps(graph, schedule)
 
     input_set = set(graph.inputs)
     output_set = set(graph.outputs) - input_set

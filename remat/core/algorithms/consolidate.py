@@ -54,7 +54,7 @@ import math
 import operator
 from collections.abc import Sequence
 
-from ..fusion import fused_values
+from ..fusion import fused_ops, fused_values
 from ..graph import Graph
 from ..plan import PlanError, Region, Rewritten, evaluate, known_peak
 from ..simulate import Timeline
@@ -137,7 +137,7 @@ class _HeldCopies:
         self.graph, self.limit = graph, limit_bytes
         self.position = {op: s for s, op in enumerate(schedule)}
         self.fused = fused_values(graph)
-        self.all_fused = [all(self.fused[v] for v in op.outputs) for op in graph.ops]
+        self.in_fusion = fused_ops(graph)
         self.live = list(tl.live_during_bytes)   # plus the merges taken so far
         step_of = {op: s for s, op in enumerate(rw.schedule)}
         self.spans = [(step_of[b[0]], step_of[b[-1]]) for b in rw.blocks]
@@ -208,12 +208,12 @@ class _HeldCopies:
         op reading its results: infinite if that is a consumer, as consumers
         run after every copy). Copies the early region ``a`` made too count
         only when so fused (else they run where they did)."""
-        graph, fused, all_fused = self.graph, self.fused, self.all_fused
+        graph, fused, in_fusion = self.graph, self.fused, self.in_fusion
         recomputed, late = a[0] | b[0], b[1]
         ran: dict[int, float] = {}
 
         def runs_at(o: int) -> float:
-            if not all_fused[o]:
+            if not in_fusion[o]:
                 return self.position[o]
             if o not in ran:
                 at = ran[o] = -1

@@ -42,7 +42,7 @@ import numpy as np
 from ..graph import Graph
 from ..options import RematOptions
 from ..plan import PlanError, Region, Rewritten, evaluate
-from ..simulate import Timeline, simulate
+from ..simulate import Timeline, anchor_steps, simulate
 from .consolidate import merge_regions_simulated
 from .cost import op_cost
 
@@ -160,13 +160,7 @@ class Estimate:
         # Whether a sweep found nothing left to drop short of its target: a sweep
         # for any lower target drops the same values.
         self.exhausted = False
-        self.anchor = list(self.position)
-        for step in range(n - 1, -1, -1):
-            op = schedule[step]
-            outs = graph.ops[op].outputs
-            if outs and all(self.fused[v] for v in outs):
-                self.anchor[op] = max(self.anchor[u] for v in outs
-                                      for u in graph.users[v])
+        self.anchor = anchor_steps(graph, schedule)
 
     def joins(self, extends: Sequence[int]) -> bool:
         """Whether a drop extending these drops joins the one region (a segment)."""

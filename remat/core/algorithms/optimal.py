@@ -93,7 +93,7 @@ import numpy as np
 from ..graph import Graph
 from ..options import RematOptions
 from ..plan import PlanError, Region, convex_hull
-from ..simulate import Timeline, simulate
+from ..simulate import Timeline, anchor_steps, simulate
 from .greedy import PlanResult, evaluate, op_cost
 from .path import plan_path
 from .recomputable import recomputable
@@ -175,19 +175,6 @@ class Candidate:
     upto: int | None = None
 
 
-def _anchors(graph: Graph, schedule: Sequence[int], fused: list[bool]) -> list[int]:
-    """The step at which each op really runs (fused ops run with their consumer)."""
-    anchor = [0] * graph.num_ops
-    for step in range(len(schedule) - 1, -1, -1):
-        op = schedule[step]
-        outs = graph.ops[op].outputs
-        if outs and all(fused[v] for v in outs):
-            anchor[op] = max(anchor[u] for v in outs for u in graph.users[v])
-        else:
-            anchor[op] = step
-    return anchor
-
-
 def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
                options: RematOptions, seeds: Sequence[Region] = ()
                ) -> list[Candidate]:
@@ -208,7 +195,7 @@ def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
     """
     values, ops, users = graph.values, graph.ops, graph.users
     fused = timeline.fused
-    anchor = _anchors(graph, schedule, fused)
+    anchor = anchor_steps(graph, schedule)
     position = [0] * graph.num_ops
     for step, op in enumerate(schedule):
         position[op] = step
