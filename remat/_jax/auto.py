@@ -46,6 +46,9 @@ log = logging.getLogger("remat")
 _RETRIES = 5        # plans per order aiming lower after XLA's misses
 _REFINES = 3        # plans bisecting back towards the limit after an overshoot
 _MAX_ATTEMPTS = 10  # plans (and compiles) in all, besides the bisecting ones
+_NEIGHBOURS = 4     # plans just above the floor, when XLA reads the floor's a near miss
+#: How far apart (a fraction of the temporaries) the targets above the floor are.
+_NEIGHBOUR_STEP = 0.0025
 
 
 class MemoryLimitError(ValueError):
@@ -376,7 +379,9 @@ class _Search:
   less; and so it is, from the near miss, when a met plan without such room
   recomputes over ``_COST_JUMP`` times the FLOPs of a plan XLA read at most
   ``_NEAR_MISS`` over the limit (see :func:`_costly`). A plan with the regions
-  of one tried before is not compiled again. The first order with a met plan
+  of one tried before is not compiled again. Where the planner's floor stops
+  an order at a plan XLA reads a near miss and nothing met the limit, the plans
+  just above the floor are tried (:meth:`above_floor`). The first order with a met plan
   ends the search (which order goes on when: :func:`_search_orders`); the met
   plan with the least recompute is the answer.
   """
@@ -480,6 +485,39 @@ class _Search:
           self.graph, timeline, small, may_recompute(self.settings.algorithm))
     return self.known_floors[key]
 
+  def above_floor(self, schedule, plan: Plan, small: int, temps: int,
+                  missed_target: int | None) -> Iterator[Plan]:
+    """Up to ``_NEIGHBOURS`` plans other than ``plan``, for targets stepping up
+    from its model peak (``_NEIGHBOUR_STEP`` of the temporaries ``temps`` a
+    step, below ``missed_target``, the lowest target on this order XLA read
+    over the limit), when ``plan``, the plan at the planner's floor, is a near
+    miss: until one meets the limit. XLA's best-fit heap packing leaves holes
+    that differ from plan to plan: on the small U-Net at 30%, the plans of
+    targets 1.70 to 1.75 MB all hold 0.97 to 0.99 MB of temporaries at once,
+    and XLA's layouts of them need 1.00 to 1.11 MB (the plan at the floor:
+    1.11, 4.5% over the limit; two just above it: 1.00, within). ``"optimal"`` tries none
+    (each is a solve; its fallback, the heuristics' searches, do)."""
+    if (self.settings.algorithm == "optimal" or self.met or plan.met or
+        plan.planned.total > (1 + _NEAR_MISS) * self.limit):
+      return
+    log.debug("remat: XLA reads the plan at the floor %.1f%% over the limit; "
+              "trying plans just above it", 100 * (plan.planned.total / self.limit - 1))
+    step = max(int(_NEIGHBOUR_STEP * temps), 1)
+    target = plan.result.timeline.peak_bytes
+    seen = {plan.result.regions}
+    for _ in range(4 * _NEIGHBOURS):      # targets, some giving a plan seen
+      target += step
+      if len(seen) > _NEIGHBOURS or (missed_target is not None and
+                                     target >= missed_target):
+        return
+      near = self.try_plan(schedule, target, small)
+      if near.result.regions in seen:
+        continue
+      seen.add(near.result.regions)
+      yield near
+      if near.met:
+        return
+
   def on_order(self, schedule) -> None:
     """Attempts on one order until a plan meets the limit, the model says the
     limit is out of reach, or the attempts run out."""
@@ -558,7 +596,11 @@ class _Search:
           cap = small // 4    # the small values bind: the default gives way further
           continue
         self.floors.append(_in_xla_bytes(floor, timeline, self.baseline))
-        return   # our model already says the target is out of reach here
+        # Our model already says the target is out of reach here; but where XLA
+        # reads the plan at the floor a near miss, the plans just above it may
+        # pack better in XLA's heap.
+        yield from self.above_floor(schedule, plan, small, temps, missed_target)
+        return
       if retries == _RETRIES:
         return
       # XLA needs more than the model predicted: aim lower by the miss (in model

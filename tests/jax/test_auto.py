@@ -304,6 +304,62 @@ def test_search_ends_an_order_when_a_lower_target_gives_the_same_plan():
   assert not search.met and len(search.floors) == 1
 
 
+def _neighbour_step() -> int:
+  """The step between targets above the floor in the scripted searches."""
+  search = _ScriptedXla(None, 1)
+  base = simulate(search.graph, search.schedule, check=False)
+  return max(int(auto._NEIGHBOUR_STEP *
+                 (base.peak_bytes - base.input_bytes - base.output_bytes)), 1)
+
+
+class _FloorXla(_ScriptedXla):
+  """The planner cannot go below ``floor``; each peak is a plan of its own."""
+
+  def __init__(self, xla_of_peak, limit, floor):
+    super().__init__(lambda t: xla_of_peak(max(t, floor)), limit,
+                     lambda t: max(t, floor))
+
+  def compiled_plan(self, schedule, target, small, first=False):
+    plan = super().compiled_plan(schedule, target, small, first)
+    plan.result.regions = (plan.result.timeline.peak_bytes,)
+    return plan
+
+
+def test_search_tries_plans_just_above_the_floor_when_xla_reads_its_plan_a_near_miss():
+  # As the small U-Net at 30%: XLA reads the plan at the planner's floor 4% over
+  # (its heap packing leaves holes), and the first above it too; the next fits.
+  limit, floor = 10_000_000, 9_000_000
+  step = _neighbour_step()
+  search = _FloorXla(lambda p: 10_400_000 if p == floor else
+                     10_300_000 if p <= floor + 2 * step else
+                     9_950_000 if p < 9_500_000 else p + 1_500_000, limit, floor)
+  search.on_order(search.schedule)
+  t = search.targets
+  above = [x for x in t if x > floor and x < 9_500_000]
+  assert t[-1] in above and search.met and search.met[0].planned.total <= limit
+  assert len(above) == 3 and above == sorted(above)
+  assert len(search.floors) == 1
+
+
+@pytest.mark.parametrize("floor_xla", [11_000_000, 9_900_000])
+def test_search_tries_nothing_above_the_floor_unless_its_plan_is_a_near_miss(floor_xla):
+  limit, floor = 10_000_000, 9_000_000
+  search = _FloorXla(lambda p: floor_xla if p == floor else p + 1_500_000, limit,
+                     floor)
+  search.on_order(search.schedule)
+  assert not any(floor < x < 9_500_000 for x in search.targets)
+  assert bool(search.met) == (floor_xla <= limit)
+
+
+def test_search_tries_at_most_its_neighbours_above_the_floor():
+  limit, floor = 10_000_000, 9_000_000
+  search = _FloorXla(lambda p: 10_300_000 if p < 9_500_000 else p + 1_500_000,
+                     limit, floor)
+  search.on_order(search.schedule)
+  assert len([x for x in search.targets if floor < x < 9_500_000]) == auto._NEIGHBOURS
+  assert not search.met
+
+
 class _OrdersXla(_ScriptedXla):
   """Three orders of one program, XLA reading each one's plans by its own rule."""
 
