@@ -493,9 +493,10 @@ class _Search:
     over the limit), when ``plan``, the plan at the planner's floor, is a near
     miss: until one meets the limit. XLA's best-fit heap packing leaves holes
     that differ from plan to plan: on the small U-Net at 30%, the plans of
-    targets 1.70 to 1.75 MB all hold 0.97 to 0.99 MB of temporaries at once,
-    and XLA's layouts of them need 1.00 to 1.11 MB (the plan at the floor:
-    1.11, 4.5% over the limit; two just above it: 1.00, within). ``"optimal"`` tries none
+    targets from the floor (1,667 KiB) to 1,731 KiB hold 945 to 982 KiB of
+    temporaries at once, and XLA's layouts of them take 981 to 1,090 KiB (the
+    plan at the floor: 1,076, over the limit; the first above it: 981,
+    within; ``python -m bench.bench_heap``). ``"optimal"`` tries none
     (each is a solve; its fallback, the heuristics' searches, do)."""
     if (self.settings.algorithm == "optimal" or self.met or plan.met or
         plan.planned.total > (1 + _NEAR_MISS) * self.limit):
