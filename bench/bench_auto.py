@@ -46,111 +46,111 @@ _MIN_SAMPLE_SECONDS = 0.05
 
 
 def _median_times(fns, args, rounds):
-  """Median seconds per call of each of ``fns``, timed in turn, after one call
-  each (so that no first-run cost is timed)."""
-  calls = []
-  for fn in fns:
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    once = time.perf_counter() - start
-    calls.append(max(1, int(_MIN_SAMPLE_SECONDS / max(once, 1e-6))))
-  times = [[] for _ in fns]
-  for _ in range(rounds):
-    for k, fn in enumerate(fns):
-      start = time.perf_counter()
-      for _ in range(calls[k]):
-        out = fn(*args)
-      jax.block_until_ready(out)
-      times[k].append((time.perf_counter() - start) / calls[k])
-  return [float(np.median(t)) for t in times]
+    """Median seconds per call of each of ``fns``, timed in turn, after one call
+    each (so that no first-run cost is timed)."""
+    calls = []
+    for fn in fns:
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        once = time.perf_counter() - start
+        calls.append(max(1, int(_MIN_SAMPLE_SECONDS / max(once, 1e-6))))
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for k, fn in enumerate(fns):
+            start = time.perf_counter()
+            for _ in range(calls[k]):
+                out = fn(*args)
+            jax.block_until_ready(out)
+            times[k].append((time.perf_counter() - start) / calls[k])
+    return [float(np.median(t)) for t in times]
 
 
 def _compile_once(step, args):
-  """Seconds XLA takes to compile ``jax.jit(step)`` (JAX's caches cleared first,
-  since a compile of the same program is otherwise answered from memory), and
-  the compiled program."""
-  jax.clear_caches()
-  lowered = jax.jit(step).lower(*args)
-  start = time.perf_counter()
-  plain = lowered.compile()
-  return time.perf_counter() - start, plain
+    """Seconds XLA takes to compile ``jax.jit(step)`` (JAX's caches cleared first,
+    since a compile of the same program is otherwise answered from memory), and
+    the compiled program."""
+    jax.clear_caches()
+    lowered = jax.jit(step).lower(*args)
+    start = time.perf_counter()
+    plain = lowered.compile()
+    return time.perf_counter() - start, plain
 
 
 def warm_up() -> None:
-  small = models.mlp_chain(layers=2, batch=64, width=32)
-  for algorithm in ("path", "standard", "compress"):
-    try:
-      remat.plan(jax.grad(small.loss_fn), small.params, small.batch,
-                 memory_limit=0.5, algorithm=algorithm, small_node_limit=0)
-    except remat.MemoryLimitError:
-      pass
+    small = models.mlp_chain(layers=2, batch=64, width=32)
+    for algorithm in ("path", "standard", "compress"):
+        try:
+            remat.plan(jax.grad(small.loss_fn), small.params, small.batch,
+                       memory_limit=0.5, algorithm=algorithm, small_node_limit=0)
+        except remat.MemoryLimitError:
+            pass
 
 
 def _planned(step, args, fraction: float, algorithm: str, runs: int):
-  """The plan for one row, and its planning and compile times taken side by
-  side: ``runs`` times, a compile of the plain program, then a search (which
-  compiles its attempts again: XLA's compiles are not planning). Returns the
-  plan, the median planning and compile seconds, and the median of the per-run
-  ratios (a slow spell of the machine slows both). Every search must end at the
-  same plan; a limit refused is refused at once."""
-  plans, compiles = [], []
-  for _ in range(runs):
-    compiles.append(_compile_once(step, args)[0])
-    plans.append(remat.plan(step, *args, memory_limit=fraction, algorithm=algorithm))
-  if len({(p.planned.total, p.extra_flops) for p in plans}) > 1:
-    raise AssertionError(f"{algorithm} at {fraction:.0%}: the searches ended at "
-                         "different plans; planning should be deterministic.")
-  seconds = [p.plan_seconds for p in plans]
-  return (plans[0], float(np.median(seconds)), float(np.median(compiles)),
-          float(np.median([s / c for s, c in zip(seconds, compiles)])))
+    """The plan for one row, and its planning and compile times taken side by
+    side: ``runs`` times, a compile of the plain program, then a search (which
+    compiles its attempts again: XLA's compiles are not planning). Returns the
+    plan, the median planning and compile seconds, and the median of the per-run
+    ratios (a slow spell of the machine slows both). Every search must end at the
+    same plan; a limit refused is refused at once."""
+    plans, compiles = [], []
+    for _ in range(runs):
+        compiles.append(_compile_once(step, args)[0])
+        plans.append(remat.plan(step, *args, memory_limit=fraction, algorithm=algorithm))
+    if len({(p.planned.total, p.extra_flops) for p in plans}) > 1:
+        raise AssertionError(f"{algorithm} at {fraction:.0%}: the searches ended at "
+                             "different plans; planning should be deterministic.")
+    seconds = [p.plan_seconds for p in plans]
+    return (plans[0], float(np.median(seconds)), float(np.median(compiles)),
+            float(np.median([s / c for s, c in zip(seconds, compiles)])))
 
 
 def run_model(name: str, algorithms, limits, rounds: int, plan_runs: int = 3
               ) -> list[dict]:
-  model = MODELS[name]()
-  step = jax.grad(model.loss_fn)
-  args = (model.params, model.batch)
-  _, plain = _compile_once(step, args)
-  want = jax.tree_util.tree_leaves(plain(*args))
-  plain_flops = plain.cost_analysis()["flops"]
-  rows = []
-  for algorithm in algorithms:
-    for fraction in limits:
-      row = dict(model=name, algorithm=algorithm, fraction=fraction)
-      try:
-        plan, plan_s, compile_s, plan_ratio = _planned(step, args, fraction,
-                                                       algorithm, plan_runs)
-      except remat.MemoryLimitError as e:
-        row.update(error=str(e))
-        rows.append(row)
-        print(_line(row), flush=True)
-        continue
-      got = jax.tree_util.tree_leaves(plan.compiled(*args))
-      err = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) + 1e-30))
-                for a, b in zip(want, got))
-      t_plain, t_plan = _median_times([plain, plan.compiled], args, rounds)
-      row.update(limit=plan.limit_bytes, baseline=plan.baseline.total,
-                 footprint=plan.planned.total,
-                 flops_ratio=plan.compiled.cost_analysis()["flops"] / plain_flops,
-                 time_ratio=t_plan / t_plain, plan_s=plan_s, compile_s=compile_s,
-                 plan_ratio=plan_ratio, rel_err=err)
-      rows.append(row)
-      print(_line(row), flush=True)
-  return rows
+    model = MODELS[name]()
+    step = jax.grad(model.loss_fn)
+    args = (model.params, model.batch)
+    _, plain = _compile_once(step, args)
+    want = jax.tree_util.tree_leaves(plain(*args))
+    plain_flops = plain.cost_analysis()["flops"]
+    rows = []
+    for algorithm in algorithms:
+        for fraction in limits:
+            row = dict(model=name, algorithm=algorithm, fraction=fraction)
+            try:
+                plan, plan_s, compile_s, plan_ratio = _planned(step, args, fraction,
+                                                               algorithm, plan_runs)
+            except remat.MemoryLimitError as e:
+                row.update(error=str(e))
+                rows.append(row)
+                print(_line(row), flush=True)
+                continue
+            got = jax.tree_util.tree_leaves(plan.compiled(*args))
+            err = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) + 1e-30))
+                      for a, b in zip(want, got))
+            t_plain, t_plan = _median_times([plain, plan.compiled], args, rounds)
+            row.update(limit=plan.limit_bytes, baseline=plan.baseline.total,
+                       footprint=plan.planned.total,
+                       flops_ratio=plan.compiled.cost_analysis()["flops"] / plain_flops,
+                       time_ratio=t_plan / t_plain, plan_s=plan_s, compile_s=compile_s,
+                       plan_ratio=plan_ratio, rel_err=err)
+            rows.append(row)
+            print(_line(row), flush=True)
+    return rows
 
 
 def _line(r: dict) -> str:
-  if "error" in r:
-    least = r["error"].split("the least reached is ")[1].split(". ")[0]
-    floor = r["error"].split("goes below about ")[1].split(" (")[0]
-    return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | refused: least "
-            f"reached {least}, floor of the pass {floor} | | | | | | |")
-  mib = 2 ** 20
-  return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | "
-          f"{r['limit'] / mib:.1f} | {r['baseline'] / mib:.1f} -> "
-          f"{r['footprint'] / mib:.1f} | {r['flops_ratio']:.2f} | "
-          f"{r['time_ratio']:.2f} | {r['plan_s']:.2f} / {r['compile_s']:.2f} | "
-          f"{r['plan_ratio']:.2f} | {r['rel_err']:.0e} |")
+    if "error" in r:
+        least = r["error"].split("the least reached is ")[1].split(". ")[0]
+        floor = r["error"].split("goes below about ")[1].split(" (")[0]
+        return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | refused: least "
+                f"reached {least}, floor of the pass {floor} | | | | | | |")
+    mib = 2 ** 20
+    return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | "
+            f"{r['limit'] / mib:.1f} | {r['baseline'] / mib:.1f} -> "
+            f"{r['footprint'] / mib:.1f} | {r['flops_ratio']:.2f} | "
+            f"{r['time_ratio']:.2f} | {r['plan_s']:.2f} / {r['compile_s']:.2f} | "
+            f"{r['plan_ratio']:.2f} | {r['rel_err']:.0e} |")
 
 
 HEADER = ("| model | algorithm | limit (of temps) | limit (MiB) | XLA footprint (MiB) | "
@@ -160,50 +160,50 @@ HEADER = ("| model | algorithm | limit (of temps) | limit (MiB) | XLA footprint 
 
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, len({r["model"] for r in rows}), figsize=(16, 4),
-                           squeeze=False)
-  for ax, name in zip(axes[0], dict.fromkeys(r["model"] for r in rows)):
-    for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
-      pts = [(r["footprint"] / r["baseline"], r["time_ratio"]) for r in rows
-             if r["model"] == name and r["algorithm"] == algorithm and "error" not in r]
-      if pts:
-        ax.plot(*zip(*sorted(pts)), "o-", label=algorithm)
-    ax.set_title(name)
-    ax.set_xlabel("XLA footprint / plain")
-    ax.set_ylabel("step time / plain")
-    ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len({r["model"] for r in rows}), figsize=(16, 4),
+                             squeeze=False)
+    for ax, name in zip(axes[0], dict.fromkeys(r["model"] for r in rows)):
+        for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
+            pts = [(r["footprint"] / r["baseline"], r["time_ratio"]) for r in rows
+                   if r["model"] == name and r["algorithm"] == algorithm and "error" not in r]
+            if pts:
+                ax.plot(*zip(*sorted(pts)), "o-", label=algorithm)
+        ax.set_title(name)
+        ax.set_xlabel("XLA footprint / plain")
+        ax.set_ylabel("step time / plain")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--models", default=",".join(MODELS))
-  parser.add_argument("--algorithms", default="path,standard,compress,standardcompress")
-  parser.add_argument("--limits", default="0.75,0.5,0.3")
-  parser.add_argument("--rounds", type=int, default=5)
-  parser.add_argument("--plan-runs", type=int, default=3,
-                      help="searches per row; the planning time is their median")
-  args = parser.parse_args()
-  print(HEADER, flush=True)
-  warm_up()
-  rows = []
-  for name in args.models.split(","):
-    rows += run_model(name, args.algorithms.split(","),
-                      [float(x) for x in args.limits.split(",")], args.rounds,
-                      args.plan_runs)
-  result_file("auto").write_text(
-      f"Device: {jax.default_backend()}, jax {jax.__version__}; median of "
-      f"{args.rounds} samples, each at least {_MIN_SAMPLE_SECONDS * 1000:.0f} ms of "
-      f"steps; planning and compile times: medians of {args.plan_runs} compiles of the "
-      "plain program, each followed by a search; plan ÷ compile: the median of "
-      "their ratios.\n\n"
-      f"{HEADER}\n" + "\n".join(_line(r) for r in rows) + "\n")
-  plot(rows, result_file("auto", ".png"))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--algorithms", default="path,standard,compress,standardcompress")
+    parser.add_argument("--limits", default="0.75,0.5,0.3")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--plan-runs", type=int, default=3,
+                        help="searches per row; the planning time is their median")
+    args = parser.parse_args()
+    print(HEADER, flush=True)
+    warm_up()
+    rows = []
+    for name in args.models.split(","):
+        rows += run_model(name, args.algorithms.split(","),
+                          [float(x) for x in args.limits.split(",")], args.rounds,
+                          args.plan_runs)
+    result_file("auto").write_text(
+        f"Device: {jax.default_backend()}, jax {jax.__version__}; median of "
+        f"{args.rounds} samples, each at least {_MIN_SAMPLE_SECONDS * 1000:.0f} ms of "
+        f"steps; planning and compile times: medians of {args.plan_runs} compiles of the "
+        "plain program, each followed by a search; plan ÷ compile: the median of "
+        "their ratios.\n\n"
+        f"{HEADER}\n" + "\n".join(_line(r) for r in rows) + "\n")
+    plot(rows, result_file("auto", ".png"))
 
 
 if __name__ == "__main__":
-  main()
+    main()

@@ -40,113 +40,113 @@ _RANGE = re.compile(r"^\s+(\S+?)(\{[^}]*\}):(\d+)-(\d+)$", re.M)
 
 @dataclasses.dataclass(frozen=True)
 class Heap:
-  """XLA's temp heap of one compiled program.
+    """XLA's temp heap of one compiled program.
 
-  Attributes:
-    temp_bytes: the heap's size (``memory_analysis().temp_size_in_bytes``).
-    live_bytes: the most bytes its buffers hold at any one point of the schedule.
-  """
+    Attributes:
+      temp_bytes: the heap's size (``memory_analysis().temp_size_in_bytes``).
+      live_bytes: the most bytes its buffers hold at any one point of the schedule.
+    """
 
-  temp_bytes: int
-  live_bytes: int
+    temp_bytes: int
+    live_bytes: int
 
-  @property
-  def holes(self) -> int:
-    return self.temp_bytes - self.live_bytes
+    @property
+    def holes(self) -> int:
+        return self.temp_bytes - self.live_bytes
 
 
 def read_heap(buffer_assignment: str, live_ranges: str) -> Heap:
-  """The temp heap from XLA's dump of one module: its
-  ``*-buffer-assignment.txt`` and ``*-live-range.txt`` texts.
+    """The temp heap from XLA's dump of one module: its
+    ``*-buffer-assignment.txt`` and ``*-live-range.txt`` texts.
 
-  Bytes held at a point are the union of the offsets its live buffers occupy
-  (a buffer reused in place by the next op is counted once).
+    Bytes held at a point are the union of the offsets its live buffers occupy
+    (a buffer reused in place by the next op is counted once).
 
-  >>> assignment = '''allocation 0: size 96, preallocated-temp:
-  ...  value: <1 a @0> (size=32,offset=0): f32[8]
-  ...  value: <2 b @0> (size=32,offset=64): f32[8]
-  ...  value: <3 c @0> (size=32,offset=0): f32[8]
-  ... '''
-  >>> ranges = 'BufferLiveRange:\\n  a{}:0-1\\n  b{}:1-2\\n  c{}:2-3\\n'
-  >>> read_heap(assignment, ranges)
-  Heap(temp_bytes=96, live_bytes=64)
-  """
-  temp, spans = 0, []
-  ranges = {(m[1], m[2]): (int(m[3]), int(m[4]))
-            for m in _RANGE.finditer(live_ranges.split("BufferLiveRange:")[-1])}
-  for block in re.split(r"(?m)^allocation ", buffer_assignment):
-    head = block.split("\n", 1)[0]
-    if "preallocated-temp" not in head:
-      continue
-    temp = int(re.search(r"size (\d+)", head)[1])
-    for m in _VALUE.finditer(block):
-      start, end = ranges.get((m[1], m[2] or "{}"), (None, None))
-      if start is not None:
-        offset = int(m[4])
-        spans.append((start, end, offset, offset + int(m[3])))
-  if not spans:
-    return Heap(temp, 0)
-  live = 0
-  for t in range(max(end for _, end, _, _ in spans) + 1):
-    held, top = 0, -1
-    for lo, hi in sorted((lo, hi) for s, e, lo, hi in spans if s <= t <= e):
-      held += max(hi - max(lo, top), 0)
-      top = max(top, hi)
-    live = max(live, held)
-  return Heap(temp, live)
+    >>> assignment = '''allocation 0: size 96, preallocated-temp:
+    ...  value: <1 a @0> (size=32,offset=0): f32[8]
+    ...  value: <2 b @0> (size=32,offset=64): f32[8]
+    ...  value: <3 c @0> (size=32,offset=0): f32[8]
+    ... '''
+    >>> ranges = 'BufferLiveRange:\\n  a{}:0-1\\n  b{}:1-2\\n  c{}:2-3\\n'
+    >>> read_heap(assignment, ranges)
+    Heap(temp_bytes=96, live_bytes=64)
+    """
+    temp, spans = 0, []
+    ranges = {(m[1], m[2]): (int(m[3]), int(m[4]))
+              for m in _RANGE.finditer(live_ranges.split("BufferLiveRange:")[-1])}
+    for block in re.split(r"(?m)^allocation ", buffer_assignment):
+        head = block.split("\n", 1)[0]
+        if "preallocated-temp" not in head:
+            continue
+        temp = int(re.search(r"size (\d+)", head)[1])
+        for m in _VALUE.finditer(block):
+            start, end = ranges.get((m[1], m[2] or "{}"), (None, None))
+            if start is not None:
+                offset = int(m[4])
+                spans.append((start, end, offset, offset + int(m[3])))
+    if not spans:
+        return Heap(temp, 0)
+    live = 0
+    for t in range(max(end for _, end, _, _ in spans) + 1):
+        held, top = 0, -1
+        for lo, hi in sorted((lo, hi) for s, e, lo, hi in spans if s <= t <= e):
+            held += max(hi - max(lo, top), 0)
+            top = max(top, hi)
+        live = max(live, held)
+    return Heap(temp, live)
 
 
 def heap_of(lowered) -> Heap:
-  """Compiles ``lowered`` (a ``jax.stages.Lowered``) with XLA's dump on and reads
-  its temp heap (:func:`read_heap`)."""
-  with tempfile.TemporaryDirectory() as out:
-    lowered.compile(compiler_options={"xla_dump_to": out})
-    [assignment] = pathlib.Path(out).glob("*-buffer-assignment.txt")
-    ranges = assignment.with_name(
-        assignment.name.replace("-buffer-assignment.txt", "-live-range.txt"))
-    return read_heap(assignment.read_text(), ranges.read_text())
+    """Compiles ``lowered`` (a ``jax.stages.Lowered``) with XLA's dump on and reads
+    its temp heap (:func:`read_heap`)."""
+    with tempfile.TemporaryDirectory() as out:
+        lowered.compile(compiler_options={"xla_dump_to": out})
+        [assignment] = pathlib.Path(out).glob("*-buffer-assignment.txt")
+        ranges = assignment.with_name(
+            assignment.name.replace("-buffer-assignment.txt", "-live-range.txt"))
+        return read_heap(assignment.read_text(), ranges.read_text())
 
 
 def _search(model, algorithm: str, fraction: float) -> auto._Search:
-  """The automatic pass's search for ``model``'s gradient, to plan single targets."""
-  step = jax.grad(model.loss_fn)
-  args = (model.params, model.batch)
-  closed, out_tree = auto._trace(step, args, {})
-  flat = inline_calls(closed)
-  graph = auto._graph_of(flat)
-  baseline = auto.XlaFootprint.of(auto._compile(flat, out_tree, args, {}, {}))
-  settings = auto._settings(fraction, algorithm, "best", 0, None)
-  return auto._Search(flat, graph, out_tree, (args, {}, {}), settings, baseline,
-                      auto._limit_bytes(fraction, baseline), time.perf_counter())
+    """The automatic pass's search for ``model``'s gradient, to plan single targets."""
+    step = jax.grad(model.loss_fn)
+    args = (model.params, model.batch)
+    closed, out_tree = auto._trace(step, args, {})
+    flat = inline_calls(closed)
+    graph = auto._graph_of(flat)
+    baseline = auto.XlaFootprint.of(auto._compile(flat, out_tree, args, {}, {}))
+    settings = auto._settings(fraction, algorithm, "best", 0, None)
+    return auto._Search(flat, graph, out_tree, (args, {}, {}), settings, baseline,
+                        auto._limit_bytes(fraction, baseline), time.perf_counter())
 
 
 def rows(name: str, model, algorithm: str, targets, plans: int) -> list[str]:
-  """Table rows for the first ``plans`` distinct plans of ``targets(search,
-  schedule)`` (model bytes) on the first order."""
-  search = _search(model, algorithm, 0.3)
-  schedule = auto._schedules(search.graph, "best")[0]
-  lines, seen = [], set()
-  for target in targets(search, schedule):
-    plan = search.compiled_plan(schedule, target, 0)
-    if plan.result.regions in seen:
-      continue
-    if len(seen) == plans:
-      break
-    seen.add(plan.result.regions)
-    lowered = jax.jit(auto._as_function(plan.jaxpr, plan.out_tree)).lower(
-        model.params, model.batch)
-    heap = heap_of(lowered)
-    fixed = plan.planned.total - plan.planned.temp
-    kib = 1024
-    lines.append(
-        f"| {name} | {algorithm} | {target / kib:,.0f} | "
-        f"{plan.result.timeline.peak_bytes / kib:,.0f} | {len(plan.result.regions)} | "
-        f"{plan.planned.total / kib:,.0f} / {plan.limit_bytes / kib:,.0f} | "
-        f"{'yes' if plan.met else 'no'} | {heap.temp_bytes / kib:,.0f} | "
-        f"{heap.live_bytes / kib:,.0f} | {heap.holes / kib:,.0f} | "
-        f"{'yes' if fixed + heap.live_bytes <= plan.limit_bytes else 'no'} |")
-    print(lines[-1], flush=True)
-  return lines
+    """Table rows for the first ``plans`` distinct plans of ``targets(search,
+    schedule)`` (model bytes) on the first order."""
+    search = _search(model, algorithm, 0.3)
+    schedule = auto._schedules(search.graph, "best")[0]
+    lines, seen = [], set()
+    for target in targets(search, schedule):
+        plan = search.compiled_plan(schedule, target, 0)
+        if plan.result.regions in seen:
+            continue
+        if len(seen) == plans:
+            break
+        seen.add(plan.result.regions)
+        lowered = jax.jit(auto._as_function(plan.jaxpr, plan.out_tree)).lower(
+            model.params, model.batch)
+        heap = heap_of(lowered)
+        fixed = plan.planned.total - plan.planned.temp
+        kib = 1024
+        lines.append(
+            f"| {name} | {algorithm} | {target / kib:,.0f} | "
+            f"{plan.result.timeline.peak_bytes / kib:,.0f} | {len(plan.result.regions)} | "
+            f"{plan.planned.total / kib:,.0f} / {plan.limit_bytes / kib:,.0f} | "
+            f"{'yes' if plan.met else 'no'} | {heap.temp_bytes / kib:,.0f} | "
+            f"{heap.live_bytes / kib:,.0f} | {heap.holes / kib:,.0f} | "
+            f"{'yes' if fixed + heap.live_bytes <= plan.limit_bytes else 'no'} |")
+        print(lines[-1], flush=True)
+    return lines
 
 
 HEADER = ("| program | algorithm | target (model, KiB) | model peak (KiB) | regions | "
@@ -156,35 +156,35 @@ HEADER = ("| program | algorithm | target (model, KiB) | model peak (KiB) | regi
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--unet_plans", type=int, default=10,
-                      help="targets from the U-Net's floor up, 0.25%% of its "
-                           "temporaries apart")
-  args = parser.parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--unet_plans", type=int, default=10,
+                        help="targets from the U-Net's floor up, 0.25%% of its "
+                             "temporaries apart")
+    args = parser.parse_args()
 
-  def chain_targets(search, schedule):
-    # the limit in the model's units, as the search's first attempt aims
-    timeline = simulate(search.graph, schedule, check=False)
-    return [int(search.limit * timeline.peak_bytes / search.baseline.total)]
+    def chain_targets(search, schedule):
+        # the limit in the model's units, as the search's first attempt aims
+        timeline = simulate(search.graph, schedule, check=False)
+        return [int(search.limit * timeline.peak_bytes / search.baseline.total)]
 
-  def unet_targets(search, schedule):
-    timeline = simulate(search.graph, schedule, check=False)
-    floor = search.compiled_plan(schedule, 0, 0).result.timeline.peak_bytes
-    temps = timeline.peak_bytes - timeline.input_bytes - timeline.output_bytes
-    step = max(int(auto._NEIGHBOUR_STEP * temps), 1)
-    return [floor + k * step for k in range(8 * args.unet_plans)]
+    def unet_targets(search, schedule):
+        timeline = simulate(search.graph, schedule, check=False)
+        floor = search.compiled_plan(schedule, 0, 0).result.timeline.peak_bytes
+        temps = timeline.peak_bytes - timeline.input_bytes - timeline.output_bytes
+        step = max(int(auto._NEIGHBOUR_STEP * temps), 1)
+        return [floor + k * step for k in range(8 * args.unet_plans)]
 
-  lines = rows("mlp_chain (12 layers)", models.mlp_chain(layers=12), "optimal",
-               chain_targets, 1)
-  lines += rows("unet (3 levels, 32x32, 8 ch)",
-                models.unet(levels=3, batch=4, size=32, base_channels=8), "path",
-                unet_targets, args.unet_plans)
-  header = (f"Device: {jax.devices()[0].platform}, jax {jax.__version__}; limits: "
-            "30% of the plain program's temporaries; small_node_limit=0; one "
-            "plan per target (the first order), distinct plans only.\n\n")
-  result_file("heap").write_text("# XLA's temp heap\n\n" + header + HEADER + "\n" +
-                                 "\n".join(lines) + "\n")
+    lines = rows("mlp_chain (12 layers)", models.mlp_chain(layers=12), "optimal",
+                 chain_targets, 1)
+    lines += rows("unet (3 levels, 32x32, 8 ch)",
+                  models.unet(levels=3, batch=4, size=32, base_channels=8), "path",
+                  unet_targets, args.unet_plans)
+    header = (f"Device: {jax.devices()[0].platform}, jax {jax.__version__}; limits: "
+              "30% of the plain program's temporaries; small_node_limit=0; one "
+              "plan per target (the first order), distinct plans only.\n\n")
+    result_file("heap").write_text("# XLA's temp heap\n\n" + header + HEADER + "\n" +
+                                   "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
-  main()
+    main()

@@ -47,42 +47,42 @@ ALGORITHMS = ("path", "standard", "optimal")
 
 
 def run(name: str, limits, rounds: int):
-  model = PROGRAMS[name]()
-  return remat.pareto(jax.grad(model.loss_fn), model.params, model.batch,
-                      limits=limits, algorithms=ALGORITHMS, rounds=rounds,
-                      small_node_limit=0)
+    model = PROGRAMS[name]()
+    return remat.pareto(jax.grad(model.loss_fn), model.params, model.batch,
+                        limits=limits, algorithms=ALGORITHMS, rounds=rounds,
+                        small_node_limit=0)
 
 
 def planner_rows(name: str, limits) -> list[str]:
-  """The algorithms on the planning graph, at fractions of the predicted temps."""
-  model = PROGRAMS[name]()
-  closed, _ = _trace(jax.grad(model.loss_fn), (model.params, model.batch), {})
-  graph = _graph_of(inline_calls(closed))
-  schedule = get_scheduler("best")(graph)
-  base = simulate(graph, schedule)
-  fixed = base.input_bytes + base.output_bytes
-  lines = []
-  for fraction in limits:
-    limit = fixed + int(fraction * (base.peak_bytes - fixed))
-    results = {}
-    for algorithm in ALGORITHMS:
-      start = time.perf_counter()
-      results[algorithm] = get_algorithm(algorithm)(
-          graph, schedule, RematOptions(limit, algorithm, small_node_bytes=0))
-      results[algorithm] = (results[algorithm], time.perf_counter() - start)
-    opt = results["optimal"][0]
-    for algorithm in ALGORITHMS:
-      r, seconds = results[algorithm]
-      ratio = (f"{r.extra_flops / opt.extra_flops:.2f}"
-               if opt.met and r.met and opt.extra_flops else "-")
-      gap = f", gap {opt.gap:.1%}" if opt.gap is not None else ""
-      status = f" ({opt.status}{gap})" if algorithm == "optimal" else ""
-      lines.append(f"| {name} | {graph.num_ops} | {fraction:.0%} | {algorithm}{status} | "
-                   f"{r.timeline.peak_bytes / 2**20:.2f} / {limit / 2**20:.2f} | "
-                   f"{'yes' if r.met else 'NO'} | {r.extra_flops / 1e6:.2f} | {ratio} | "
-                   f"{seconds:.2f} |")
-    print("\n".join(lines[-len(ALGORITHMS):]), flush=True)
-  return lines
+    """The algorithms on the planning graph, at fractions of the predicted temps."""
+    model = PROGRAMS[name]()
+    closed, _ = _trace(jax.grad(model.loss_fn), (model.params, model.batch), {})
+    graph = _graph_of(inline_calls(closed))
+    schedule = get_scheduler("best")(graph)
+    base = simulate(graph, schedule)
+    fixed = base.input_bytes + base.output_bytes
+    lines = []
+    for fraction in limits:
+        limit = fixed + int(fraction * (base.peak_bytes - fixed))
+        results = {}
+        for algorithm in ALGORITHMS:
+            start = time.perf_counter()
+            results[algorithm] = get_algorithm(algorithm)(
+                graph, schedule, RematOptions(limit, algorithm, small_node_bytes=0))
+            results[algorithm] = (results[algorithm], time.perf_counter() - start)
+        opt = results["optimal"][0]
+        for algorithm in ALGORITHMS:
+            r, seconds = results[algorithm]
+            ratio = (f"{r.extra_flops / opt.extra_flops:.2f}"
+                     if opt.met and r.met and opt.extra_flops else "-")
+            gap = f", gap {opt.gap:.1%}" if opt.gap is not None else ""
+            status = f" ({opt.status}{gap})" if algorithm == "optimal" else ""
+            lines.append(f"| {name} | {graph.num_ops} | {fraction:.0%} | {algorithm}{status} | "
+                         f"{r.timeline.peak_bytes / 2**20:.2f} / {limit / 2**20:.2f} | "
+                         f"{'yes' if r.met else 'NO'} | {r.extra_flops / 1e6:.2f} | {ratio} | "
+                         f"{seconds:.2f} |")
+        print("\n".join(lines[-len(ALGORITHMS):]), flush=True)
+    return lines
 
 
 PLANNER_HEADER = (
@@ -92,26 +92,26 @@ PLANNER_HEADER = (
 
 
 def comparison(name: str, p: remat.Pareto, limits) -> list[str]:
-  lines = []
-  for limit in limits:
-    rows = {r.algorithm: r for r in p.rows if r.limit == limit}
-    opt = rows["optimal"]
-    # no yardstick where XLA read every plan of the optimal search over the limit
-    # and the plan is a heuristic's own search's
-    yardstick = not opt.error and opt.extra_flops and opt.status != "heuristic_search"
-    for algorithm in ALGORITHMS:
-      r = rows[algorithm]
-      label = (f"{algorithm} ({r.status})" if r.status == "heuristic_search"
-               else algorithm)
-      if r.error:
-        lines.append(f"| {name} | {limit:.0%} | {label} | refused | | | |")
-        continue
-      ratio = f"{r.extra_flops / opt.extra_flops:.2f}" if yardstick else "-"
-      lines.append(f"| {name} | {limit:.0%} | {label} | "
-                   f"{r.footprint_bytes / 2**20:.2f} / {r.limit_bytes / 2**20:.2f} | "
-                   f"{r.extra_flops / 1e6:.2f} | {ratio} | "
-                   f"{r.step_seconds / p.rows[0].step_seconds:.2f} |")
-  return lines
+    lines = []
+    for limit in limits:
+        rows = {r.algorithm: r for r in p.rows if r.limit == limit}
+        opt = rows["optimal"]
+        # no yardstick where XLA read every plan of the optimal search over the limit
+        # and the plan is a heuristic's own search's
+        yardstick = not opt.error and opt.extra_flops and opt.status != "heuristic_search"
+        for algorithm in ALGORITHMS:
+            r = rows[algorithm]
+            label = (f"{algorithm} ({r.status})" if r.status == "heuristic_search"
+                     else algorithm)
+            if r.error:
+                lines.append(f"| {name} | {limit:.0%} | {label} | refused | | | |")
+                continue
+            ratio = f"{r.extra_flops / opt.extra_flops:.2f}" if yardstick else "-"
+            lines.append(f"| {name} | {limit:.0%} | {label} | "
+                         f"{r.footprint_bytes / 2**20:.2f} / {r.limit_bytes / 2**20:.2f} | "
+                         f"{r.extra_flops / 1e6:.2f} | {ratio} | "
+                         f"{r.step_seconds / p.rows[0].step_seconds:.2f} |")
+    return lines
 
 
 HEADER = ("| program | limit (of temps) | algorithm | XLA footprint / limit (MiB) | "
@@ -120,33 +120,33 @@ HEADER = ("| program | limit (of temps) | algorithm | XLA footprint / limit (MiB
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--limits", default="0.75,0.65,0.5,0.3")
-  parser.add_argument("--planner_limits", default="0.5,0.3")
-  parser.add_argument("--rounds", type=int, default=5)
-  args = parser.parse_args()
-  limits = tuple(float(x) for x in args.limits.split(","))
-  lines, details, planner = [], [], []
-  for name in PROGRAMS:
-    planner += planner_rows(name, [float(x) for x in args.planner_limits.split(",")])
-  import matplotlib
-  matplotlib.use("Agg")
-  for k, name in enumerate(PROGRAMS):
-    p = run(name, limits, args.rounds)
-    lines += comparison(name, p, limits)
-    details.append(f"### {name}\n\n{p.to_markdown()}")
-    p.plot(result_file(f"optimal_{k}", ".png"), title=name)
-    print("\n".join(lines[-len(limits) * len(ALGORITHMS):]), flush=True)
-  text = (f"Device: {jax.default_backend()}, jax {jax.__version__}; XLA's figures; "
-          f"median of {args.rounds} steps, variants timed in turn; "
-          "small_node_limit=0.\n\nPlanner (the simulator's bytes, the op model's "
-          "FLOPs):\n\n" + PLANNER_HEADER + "\n" + "\n".join(planner) +
-          "\n\nXLA (compiled footprint, cost_analysis FLOPs, measured time):\n\n" +
-          HEADER + "\n" + "\n".join(lines) +
-          "\n\n" + "\n".join(details))
-  result_file("optimal").write_text(text)
-  print(text)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limits", default="0.75,0.65,0.5,0.3")
+    parser.add_argument("--planner_limits", default="0.5,0.3")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    limits = tuple(float(x) for x in args.limits.split(","))
+    lines, details, planner = [], [], []
+    for name in PROGRAMS:
+        planner += planner_rows(name, [float(x) for x in args.planner_limits.split(",")])
+    import matplotlib
+    matplotlib.use("Agg")
+    for k, name in enumerate(PROGRAMS):
+        p = run(name, limits, args.rounds)
+        lines += comparison(name, p, limits)
+        details.append(f"### {name}\n\n{p.to_markdown()}")
+        p.plot(result_file(f"optimal_{k}", ".png"), title=name)
+        print("\n".join(lines[-len(limits) * len(ALGORITHMS):]), flush=True)
+    text = (f"Device: {jax.default_backend()}, jax {jax.__version__}; XLA's figures; "
+            f"median of {args.rounds} steps, variants timed in turn; "
+            "small_node_limit=0.\n\nPlanner (the simulator's bytes, the op model's "
+            "FLOPs):\n\n" + PLANNER_HEADER + "\n" + "\n".join(planner) +
+            "\n\nXLA (compiled footprint, cost_analysis FLOPs, measured time):\n\n" +
+            HEADER + "\n" + "\n".join(lines) +
+            "\n\n" + "\n".join(details))
+    result_file("optimal").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":
-  main()
+    main()

@@ -15,8 +15,8 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 
 
 def result_file(name: str, suffix: str = ".md") -> pathlib.Path:
-  """``bench/results/NAME[_BACKEND]SUFFIX``, the folder made if missing."""
-  RESULTS.mkdir(exist_ok=True)
-  backend = jax.default_backend()
-  tag = "" if backend == "cpu" else f"_{backend}"
-  return RESULTS / f"{name}{tag}{suffix}"
+    """``bench/results/NAME[_BACKEND]SUFFIX``, the folder made if missing."""
+    RESULTS.mkdir(exist_ok=True)
+    backend = jax.default_backend()
+    tag = "" if backend == "cpu" else f"_{backend}"
+    return RESULTS / f"{name}{tag}{suffix}"

@@ -9,20 +9,20 @@ from bench import bench_heap
 
 
 def test_docstring_examples():
-  result = doctest.testmod(bench_heap, optionflags=doctest.NORMALIZE_WHITESPACE)
-  assert result.failed == 0 and result.attempted > 0
+    result = doctest.testmod(bench_heap, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted > 0
 
 
 def test_heap_of_a_compiled_program_matches_memory_analysis():
-  def f(x, w):
-    for _ in range(4):
-      x = jnp.tanh(x @ w)
-    return jnp.sum(x)
+    def f(x, w):
+        for _ in range(4):
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x)
 
-  x, w = jnp.ones((256, 128)), jnp.ones((128, 128)) / 128
-  lowered = jax.jit(jax.grad(f, argnums=1)).lower(x, w)
-  heap = bench_heap.heap_of(lowered)
-  temp = lowered.compile().memory_analysis().temp_size_in_bytes
-  # the forward's activations (128 KiB each) are held for the backward at once
-  assert heap.temp_bytes == temp and 4 * 128 * 1024 <= heap.live_bytes <= temp
-  assert heap.holes == heap.temp_bytes - heap.live_bytes >= 0
+    x, w = jnp.ones((256, 128)), jnp.ones((128, 128)) / 128
+    lowered = jax.jit(jax.grad(f, argnums=1)).lower(x, w)
+    heap = bench_heap.heap_of(lowered)
+    temp = lowered.compile().memory_analysis().temp_size_in_bytes
+    # the forward's activations (128 KiB each) are held for the backward at once
+    assert heap.temp_bytes == temp and 4 * 128 * 1024 <= heap.live_bytes <= temp
+    assert heap.holes == heap.temp_bytes - heap.live_bytes >= 0

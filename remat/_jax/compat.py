@@ -42,50 +42,50 @@ Offloadable = pe.Offloadable
 
 
 def register_discharge_rule(prim, rule) -> None:
-  """Registers ``rule(in_avals, out_avals, *args, **params) -> (new_invals,
-  outs)`` as ``prim``'s state-discharge rule. jax 0.11 calls such rules with one
-  context object (``DischargeContext``) in place of the two aval lists, and
-  says in it which ``Ref`` inputs to discharge; a region discharges all of its
-  refs at once, so a partial request is refused rather than half-honoured."""
-  if not hasattr(state_discharge, "DischargeContext"):    # jax 0.10
-    state_discharge.register_discharge_rule(prim)(rule)
-    return
+    """Registers ``rule(in_avals, out_avals, *args, **params) -> (new_invals,
+    outs)`` as ``prim``'s state-discharge rule. jax 0.11 calls such rules with one
+    context object (``DischargeContext``) in place of the two aval lists, and
+    says in it which ``Ref`` inputs to discharge; a region discharges all of its
+    refs at once, so a partial request is refused rather than half-honoured."""
+    if not hasattr(state_discharge, "DischargeContext"):    # jax 0.10
+        state_discharge.register_discharge_rule(prim)(rule)
+        return
 
-  def from_context(ctx, *args, **params):
-    kept = [i for i, (aval, should) in enumerate(zip(ctx.in_avals, ctx.should_discharge))
-            if isinstance(aval, AbstractRef) and not should]
-    if kept:
-      raise NotImplementedError(
-          f"{prim.name}: discharging only some of a region's refs (inputs {kept} "
-          "kept as refs) is not supported; discharge all of them.")
-    return rule(ctx.in_avals, ctx.out_avals, *args, **params)
+    def from_context(ctx, *args, **params):
+        kept = [i for i, (aval, should) in enumerate(zip(ctx.in_avals, ctx.should_discharge))
+                if isinstance(aval, AbstractRef) and not should]
+        if kept:
+            raise NotImplementedError(
+                f"{prim.name}: discharging only some of a region's refs (inputs {kept} "
+                "kept as refs) is not supported; discharge all of them.")
+        return rule(ctx.in_avals, ctx.out_avals, *args, **params)
 
-  state_discharge.register_discharge_rule(prim)(from_context)
+    state_discharge.register_discharge_rule(prim)(from_context)
 
 
 def debug_info(traced_for: str, fun, args, kwargs, static_argnums=()):
-  """JAX's record of a traced function's name, argument names and source."""
-  return api_util.debug_info(traced_for, fun, args, kwargs,
-                             static_argnums=static_argnums)
+    """JAX's record of a traced function's name, argument names and source."""
+    return api_util.debug_info(traced_for, fun, args, kwargs,
+                               static_argnums=static_argnums)
 
 
 def trace_flat(flat_fun, in_avals, dbg):
-  """Traces ``flat_fun(*flat_args) -> list`` to ``(jaxpr, consts)``.
+    """Traces ``flat_fun(*flat_args) -> list`` to ``(jaxpr, consts)``.
 
-  The returned jaxpr takes the constants first, then the arguments, and has no
-  constvars, which is the form the remat primitive carries.
-  """
-  jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(
-      lu.wrap_init(flat_fun, debug_info=dbg), in_avals)
-  return pe.convert_constvars_jaxpr(jaxpr), consts
+    The returned jaxpr takes the constants first, then the arguments, and has no
+    constvars, which is the form the remat primitive carries.
+    """
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(
+        lu.wrap_init(flat_fun, debug_info=dbg), in_avals)
+    return pe.convert_constvars_jaxpr(jaxpr), consts
 
 
 def unknown_debug_info(jaxpr: core.Jaxpr):
-  """Debug info for a function derived from ``jaxpr`` (argument names dropped)."""
-  return jaxpr.debug_info.with_unknown_names()
+    """Debug info for a function derived from ``jaxpr`` (argument names dropped)."""
+    return jaxpr.debug_info.with_unknown_names()
 
 
 def region_debug_info() -> core.DebugInfo:
-  """Debug info for a region body cut out of a program by the automatic pass
-  (no argument names or result paths of its own)."""
-  return core.DebugInfo("remat.jit region", "<remat region>", None, None)
+    """Debug info for a region body cut out of a program by the automatic pass
+    (no argument names or result paths of its own)."""
+    return core.DebugInfo("remat.jit region", "<remat region>", None, None)

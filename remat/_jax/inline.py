@@ -18,74 +18,74 @@ _INLINED = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
 
 
 def _body(eqn: core.JaxprEqn) -> tuple[core.Jaxpr, list[Any]] | None:
-  """The inlinable body of a call equation and its constants, or None."""
-  if eqn.primitive.name not in _INLINED:
+    """The inlinable body of a call equation and its constants, or None."""
+    if eqn.primitive.name not in _INLINED:
+        return None
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        body = eqn.params.get(key)
+        if isinstance(body, core.ClosedJaxpr):
+            body, consts = body.jaxpr, list(body.consts)
+        elif isinstance(body, core.Jaxpr):
+            consts = []
+        else:
+            continue
+        if len(body.invars) == len(eqn.invars) and len(body.outvars) == len(eqn.outvars):
+            return body, consts
     return None
-  for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-    body = eqn.params.get(key)
-    if isinstance(body, core.ClosedJaxpr):
-      body, consts = body.jaxpr, list(body.consts)
-    elif isinstance(body, core.Jaxpr):
-      consts = []
-    else:
-      continue
-    if len(body.invars) == len(eqn.invars) and len(body.outvars) == len(eqn.outvars):
-      return body, consts
-  return None
 
 
 def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
-  """``closed`` with call-like equations inlined (recursively) and dead equations
-  removed; its constants are the original ones followed by the inlined bodies'.
+    """``closed`` with call-like equations inlined (recursively) and dead equations
+    removed; its constants are the original ones followed by the inlined bodies'.
 
-  >>> import jax, jax.numpy as jnp
-  >>> f = jax.jit(lambda x: jnp.sin(x) * 2)
-  >>> flat = inline_calls(jax.make_jaxpr(lambda x: f(f(x)))(1.0))
-  >>> [e.primitive.name for e in flat.jaxpr.eqns]
-  ['sin', 'mul', 'sin', 'mul']
-  """
-  jaxpr = closed.jaxpr
-  constvars, consts = list(jaxpr.constvars), list(closed.consts)
-  eqns: list[core.JaxprEqn] = []
-  env: dict = {}
+    >>> import jax, jax.numpy as jnp
+    >>> f = jax.jit(lambda x: jnp.sin(x) * 2)
+    >>> flat = inline_calls(jax.make_jaxpr(lambda x: f(f(x)))(1.0))
+    >>> [e.primitive.name for e in flat.jaxpr.eqns]
+    ['sin', 'mul', 'sin', 'mul']
+    """
+    jaxpr = closed.jaxpr
+    constvars, consts = list(jaxpr.constvars), list(closed.consts)
+    eqns: list[core.JaxprEqn] = []
+    env: dict = {}
 
-  def read(v):
-    return env.get(v, v) if isinstance(v, core.Var) else v
+    def read(v):
+        return env.get(v, v) if isinstance(v, core.Var) else v
 
-  def emit(eqn_list, local: dict):
-    def rd(v):
-      if not isinstance(v, core.Var):
-        return v
-      return local[v] if v in local else read(v)
+    def emit(eqn_list, local: dict):
+        def rd(v):
+            if not isinstance(v, core.Var):
+                return v
+            return local[v] if v in local else read(v)
 
-    for eqn in eqn_list:
-      invars = [rd(v) for v in eqn.invars]
-      found = _body(eqn)
-      if found is None:
-        outvars = [v if isinstance(v, core.DropVar) else core.Var(v.aval)
-                   for v in eqn.outvars]
-        eqns.append(eqn.replace(invars=invars, outvars=outvars))
-        for old, new in zip(eqn.outvars, outvars):
-          local[old] = new
-        continue
-      body, body_consts = found
-      inner: dict = {}
-      for cv, c in zip(body.constvars, body_consts):
-        fresh = core.Var(cv.aval)
-        constvars.append(fresh)
-        consts.append(c)
-        inner[cv] = fresh
-      for iv, outer in zip(body.invars, invars):
-        inner[iv] = outer
-      emit(body.eqns, inner)
-      for old, res in zip(eqn.outvars, body.outvars):
-        local[old] = inner.get(res, res) if isinstance(res, core.Var) else res
+        for eqn in eqn_list:
+            invars = [rd(v) for v in eqn.invars]
+            found = _body(eqn)
+            if found is None:
+                outvars = [v if isinstance(v, core.DropVar) else core.Var(v.aval)
+                           for v in eqn.outvars]
+                eqns.append(eqn.replace(invars=invars, outvars=outvars))
+                for old, new in zip(eqn.outvars, outvars):
+                    local[old] = new
+                continue
+            body, body_consts = found
+            inner: dict = {}
+            for cv, c in zip(body.constvars, body_consts):
+                fresh = core.Var(cv.aval)
+                constvars.append(fresh)
+                consts.append(c)
+                inner[cv] = fresh
+            for iv, outer in zip(body.invars, invars):
+                inner[iv] = outer
+            emit(body.eqns, inner)
+            for old, res in zip(eqn.outvars, body.outvars):
+                local[old] = inner.get(res, res) if isinstance(res, core.Var) else res
 
-  top: dict = {}
-  emit(jaxpr.eqns, top)
-  outvars = [top.get(v, v) if isinstance(v, core.Var) else v for v in jaxpr.outvars]
-  flat = core.Jaxpr(constvars, jaxpr.invars, outvars, eqns,
-                    effects=core.join_effects(*(e.effects for e in eqns)),
-                    debug_info=jaxpr.debug_info)
-  flat, _ = pe.dce_jaxpr(flat, [True] * len(outvars), instantiate=True)
-  return core.ClosedJaxpr(flat, consts)
+    top: dict = {}
+    emit(jaxpr.eqns, top)
+    outvars = [top.get(v, v) if isinstance(v, core.Var) else v for v in jaxpr.outvars]
+    flat = core.Jaxpr(constvars, jaxpr.invars, outvars, eqns,
+                      effects=core.join_effects(*(e.effects for e in eqns)),
+                      debug_info=jaxpr.debug_info)
+    flat, _ = pe.dce_jaxpr(flat, [True] * len(outvars), instantiate=True)
+    return core.ClosedJaxpr(flat, consts)

@@ -38,95 +38,95 @@ _OTHER_PLATFORMS_DEFAULT = "barrier"
 
 
 def default_strategy(platform: str) -> str:
-  """The lowering strategy used on ``platform`` when ``lowering=None``.
+    """The lowering strategy used on ``platform`` when ``lowering=None``.
 
-  >>> default_strategy("cpu")
-  'cond'
-  """
-  return _PLATFORM_DEFAULTS.get(platform, _OTHER_PLATFORMS_DEFAULT)
+    >>> default_strategy("cpu")
+    'cond'
+    """
+    return _PLATFORM_DEFAULTS.get(platform, _OTHER_PLATFORMS_DEFAULT)
 
 
 def _inline(ctx, jaxpr: core.Jaxpr, args, tokens_in):
-  return mlir.jaxpr_subcomp(
-      ctx.module_context, jaxpr, ctx.name_stack.extend("checkpoint"), tokens_in,
-      (), *args, dim_var_values=ctx.dim_var_values,
-      const_lowering=ctx.const_lowering, outer_traceback=ctx.traceback)
+    return mlir.jaxpr_subcomp(
+        ctx.module_context, jaxpr, ctx.name_stack.extend("checkpoint"), tokens_in,
+        (), *args, dim_var_values=ctx.dim_var_values,
+        const_lowering=ctx.const_lowering, outer_traceback=ctx.traceback)
 
 
 def _lower_barrier(ctx, jaxpr, args, protect: Sequence[bool]):
-  protected = [a for a, p in zip(args, protect) if p]
-  flat, treedef = mlir.ir_tree_registry.flatten(protected)
-  barrier = hlo.OptimizationBarrierOp(flat)
-  guarded = iter(treedef.unflatten(list(barrier.results)))
-  args = [next(guarded) if p else a for a, p in zip(args, protect)]
-  outs, tokens = _inline(ctx, jaxpr, args, ctx.tokens_in)
-  ctx.set_tokens_out(tokens)
-  return outs
+    protected = [a for a, p in zip(args, protect) if p]
+    flat, treedef = mlir.ir_tree_registry.flatten(protected)
+    barrier = hlo.OptimizationBarrierOp(flat)
+    guarded = iter(treedef.unflatten(list(barrier.results)))
+    args = [next(guarded) if p else a for a, p in zip(args, protect)]
+    outs, tokens = _inline(ctx, jaxpr, args, ctx.tokens_in)
+    ctx.set_tokens_out(tokens)
+    return outs
 
 
 def _opaque_uniform() -> ir.Value:
-  """A scalar f32 drawn from U[0, 1): a value no compiler pass can constant-fold."""
-  zero = mlir.ir_constant(np.float32(0))
-  one = mlir.ir_constant(np.float32(1))
-  shape = mlir.ir_constant(np.array([], np.int64))
-  return hlo.rng(zero, one, shape, hlo.RngDistributionAttr.get("UNIFORM"))
+    """A scalar f32 drawn from U[0, 1): a value no compiler pass can constant-fold."""
+    zero = mlir.ir_constant(np.float32(0))
+    one = mlir.ir_constant(np.float32(1))
+    shape = mlir.ir_constant(np.array([], np.int64))
+    return hlo.rng(zero, one, shape, hlo.RngDistributionAttr.get("UNIFORM"))
 
 
 def _always_true() -> ir.Value:
-  return mlir.compare_hlo(_opaque_uniform(), mlir.ir_constant(np.float32(2)), "LT")
+    return mlir.compare_hlo(_opaque_uniform(), mlir.ir_constant(np.float32(2)), "LT")
 
 
 def _out_types(ctx, ordered):
-  types = [*(mlir.token_type() for _ in ordered),
-           *(mlir.aval_to_ir_types(ctx.module_context, a) for a in ctx.avals_out)]
-  return mlir.ir_tree_registry.flatten(types)
+    types = [*(mlir.token_type() for _ in ordered),
+             *(mlir.aval_to_ir_types(ctx.module_context, a) for a in ctx.avals_out)]
+    return mlir.ir_tree_registry.flatten(types)
 
 
 def _zeros(ctx):
-  return [mlir.full_like_aval(ctx, 0, a) for a in ctx.avals_out]
+    return [mlir.full_like_aval(ctx, 0, a) for a in ctx.avals_out]
 
 
 def _ordered_effects(jaxpr):
-  return list(effects.ordered_effects.filter_in(jaxpr.effects))
+    return list(effects.ordered_effects.filter_in(jaxpr.effects))
 
 
 def _lower_cond(ctx, jaxpr, args):
-  ordered = _ordered_effects(jaxpr)
-  tokens_in = ctx.tokens_in.subset(ordered)
-  flat_types, treedef = _out_types(ctx, ordered)
-  if_op = hlo.IfOp(flat_types, _always_true())
-  with ir.InsertionPoint(if_op.true_branch.blocks.append()):
-    outs, tokens_out = _inline(ctx, jaxpr, args, tokens_in)
-    flat, _ = mlir.ir_tree_registry.flatten(
-        [*(tokens_out.get(e) for e in ordered), *outs])
-    hlo.return_(flat)
-  with ir.InsertionPoint(if_op.false_branch.blocks.append()):
-    flat, _ = mlir.ir_tree_registry.flatten(
-        [*(tokens_in.get(e) for e in ordered), *_zeros(ctx)])
-    hlo.return_(flat)
-  results = treedef.unflatten(list(if_op.results))
-  ctx.set_tokens_out(mlir.TokenSet(dict(zip(ordered, results[:len(ordered)]))))
-  return results[len(ordered):]
+    ordered = _ordered_effects(jaxpr)
+    tokens_in = ctx.tokens_in.subset(ordered)
+    flat_types, treedef = _out_types(ctx, ordered)
+    if_op = hlo.IfOp(flat_types, _always_true())
+    with ir.InsertionPoint(if_op.true_branch.blocks.append()):
+        outs, tokens_out = _inline(ctx, jaxpr, args, tokens_in)
+        flat, _ = mlir.ir_tree_registry.flatten(
+            [*(tokens_out.get(e) for e in ordered), *outs])
+        hlo.return_(flat)
+    with ir.InsertionPoint(if_op.false_branch.blocks.append()):
+        flat, _ = mlir.ir_tree_registry.flatten(
+            [*(tokens_in.get(e) for e in ordered), *_zeros(ctx)])
+        hlo.return_(flat)
+    results = treedef.unflatten(list(if_op.results))
+    ctx.set_tokens_out(mlir.TokenSet(dict(zip(ordered, results[:len(ordered)]))))
+    return results[len(ordered):]
 
 
 def _gateable(aval, arg) -> bool:
-  """Whether a gate can read a scalar from this input (floating, with elements)."""
-  return (isinstance(aval, core.ShapedArray) and aval.size > 0 and
-          np.issubdtype(aval.dtype, np.floating) and not isinstance(arg, (list, tuple)))
+    """Whether a gate can read a scalar from this input (floating, with elements)."""
+    return (isinstance(aval, core.ShapedArray) and aval.size > 0 and
+            np.issubdtype(aval.dtype, np.floating) and not isinstance(arg, (list, tuple)))
 
 
 def _gate_values(avals, args) -> list[ir.Value]:
-  """One scalar f32 read from each gateable input."""
-  gates = []
-  for aval, arg in zip(avals, args):
-    if _gateable(aval, arg):
-      rank = len(aval.shape)
-      one = hlo.slice(arg, mlir.dense_int_array([0] * rank),
-                      mlir.dense_int_array([1] * rank), mlir.dense_int_array([1] * rank))
-      scalar = hlo.reshape(ir.RankedTensorType.get([], ir.RankedTensorType(
-          one.type).element_type), one)
-      gates.append(hlo.convert(ir.RankedTensorType.get([], ir.F32Type.get()), scalar))
-  return gates
+    """One scalar f32 read from each gateable input."""
+    gates = []
+    for aval, arg in zip(avals, args):
+        if _gateable(aval, arg):
+            rank = len(aval.shape)
+            one = hlo.slice(arg, mlir.dense_int_array([0] * rank),
+                            mlir.dense_int_array([1] * rank), mlir.dense_int_array([1] * rank))
+            scalar = hlo.reshape(ir.RankedTensorType.get([], ir.RankedTensorType(
+                one.type).element_type), one)
+            gates.append(hlo.convert(ir.RankedTensorType.get([], ir.F32Type.get()), scalar))
+    return gates
 
 
 #: Ops XLA:CPU runs with a slow generic kernel inside nested computations (a
@@ -135,140 +135,140 @@ _SLOW_NESTED = frozenset({"conv_general_dilated"})
 
 
 def _reads_slow_nested(jaxpr: core.Jaxpr) -> bool:
-  return (any(e.primitive.name in _SLOW_NESTED for e in jaxpr.eqns) or
-          any(_reads_slow_nested(sub) for sub in core.subjaxprs(jaxpr)))
+    return (any(e.primitive.name in _SLOW_NESTED for e in jaxpr.eqns) or
+            any(_reads_slow_nested(sub) for sub in core.subjaxprs(jaxpr)))
 
 
 def _lower_gated(ctx, jaxpr, args, num_late: int):
-  """``"cond"`` for a region whose last ``num_late`` inputs are cotangents.
+    """``"cond"`` for a region whose last ``num_late`` inputs are cotangents.
 
-  When the part of the body that reads the cotangents (the backward pass) holds
-  ops XLA:CPU runs slowly inside a conditional (convolutions), the region is
-  split: only the part that does not read them (the recomputation) runs in the
-  conditional, and the backward pass runs outside, compiled like any other code.
-  The conditional's predicate, ``u < 2 or g1 != g1 or g2 != g2 ...`` with ``u``
-  opaque and each ``gi`` read from one late input (the cotangents, and anything
-  else only the backward reads), is always true, cannot be folded, and depends on
-  every late input, so the recomputation cannot run before all of them exist, as
-  the whole region could not; no data can flip it (a NaN makes ``gi != gi``
-  true). Gated on the first cotangent only, XLA ran some recomputations early
-  and held their results (ResNet-50's plans read up to 7% higher: at 50% of the
-  temporaries, 10 plans to meet the limit with 4.5 extra GFLOP instead of 5 with
-  0.04). The split saves less memory than the whole region (the recomputed
-  values all come out of the conditional at once), so it is used only where it
-  avoids the slow kernels.
-  """
-  n_early = len(args) - num_late
-  late_avals, late_args = ctx.avals_in[n_early:], args[n_early:]
-  if (not any(map(_gateable, late_avals, late_args)) or
-      _ordered_effects(jaxpr)):
-    return _lower_cond(ctx, jaxpr, args)
-  known, rest, out_unknowns, _ = pe.partial_eval_jaxpr_nounits(
-      pe.close_jaxpr(jaxpr), [False] * n_early + [True] * num_late, False)
-  if not known.jaxpr.eqns or not _reads_slow_nested(rest.jaxpr):
-    return _lower_cond(ctx, jaxpr, args)
-  pred = _always_true()
-  for gate in _gate_values(late_avals, late_args):
-    pred = hlo.or_(pred, mlir.compare_hlo(gate, gate, "NE"))
-  known_avals = known.out_avals
-  flat_types, treedef = mlir.ir_tree_registry.flatten(
-      [mlir.aval_to_ir_types(ctx.module_context, a) for a in known_avals])
-  if_op = hlo.IfOp(flat_types, pred)
-  with ir.InsertionPoint(if_op.true_branch.blocks.append()):
-    outs = _subcomp(ctx, known, args[:n_early])
-    hlo.return_(mlir.ir_tree_registry.flatten(list(outs))[0])
-  with ir.InsertionPoint(if_op.false_branch.blocks.append()):
-    zeros = [mlir.full_like_aval(ctx, 0, a) for a in known_avals]
-    hlo.return_(mlir.ir_tree_registry.flatten(zeros)[0])
-  known_outs = [o[0] if isinstance(o, tuple) and len(o) == 1 else o
-                for o in treedef.unflatten(list(if_op.results))]
-  num_known = len(known_avals) - (len(rest.in_avals) - num_late)
-  late_outs = iter(_subcomp(ctx, rest, [*known_outs[num_known:], *args[n_early:]]))
-  early_outs = iter(known_outs[:num_known])
-  return [next(late_outs) if uk else next(early_outs) for uk in out_unknowns]
+    When the part of the body that reads the cotangents (the backward pass) holds
+    ops XLA:CPU runs slowly inside a conditional (convolutions), the region is
+    split: only the part that does not read them (the recomputation) runs in the
+    conditional, and the backward pass runs outside, compiled like any other code.
+    The conditional's predicate, ``u < 2 or g1 != g1 or g2 != g2 ...`` with ``u``
+    opaque and each ``gi`` read from one late input (the cotangents, and anything
+    else only the backward reads), is always true, cannot be folded, and depends on
+    every late input, so the recomputation cannot run before all of them exist, as
+    the whole region could not; no data can flip it (a NaN makes ``gi != gi``
+    true). Gated on the first cotangent only, XLA ran some recomputations early
+    and held their results (ResNet-50's plans read up to 7% higher: at 50% of the
+    temporaries, 10 plans to meet the limit with 4.5 extra GFLOP instead of 5 with
+    0.04). The split saves less memory than the whole region (the recomputed
+    values all come out of the conditional at once), so it is used only where it
+    avoids the slow kernels.
+    """
+    n_early = len(args) - num_late
+    late_avals, late_args = ctx.avals_in[n_early:], args[n_early:]
+    if (not any(map(_gateable, late_avals, late_args)) or
+        _ordered_effects(jaxpr)):
+        return _lower_cond(ctx, jaxpr, args)
+    known, rest, out_unknowns, _ = pe.partial_eval_jaxpr_nounits(
+        pe.close_jaxpr(jaxpr), [False] * n_early + [True] * num_late, False)
+    if not known.jaxpr.eqns or not _reads_slow_nested(rest.jaxpr):
+        return _lower_cond(ctx, jaxpr, args)
+    pred = _always_true()
+    for gate in _gate_values(late_avals, late_args):
+        pred = hlo.or_(pred, mlir.compare_hlo(gate, gate, "NE"))
+    known_avals = known.out_avals
+    flat_types, treedef = mlir.ir_tree_registry.flatten(
+        [mlir.aval_to_ir_types(ctx.module_context, a) for a in known_avals])
+    if_op = hlo.IfOp(flat_types, pred)
+    with ir.InsertionPoint(if_op.true_branch.blocks.append()):
+        outs = _subcomp(ctx, known, args[:n_early])
+        hlo.return_(mlir.ir_tree_registry.flatten(list(outs))[0])
+    with ir.InsertionPoint(if_op.false_branch.blocks.append()):
+        zeros = [mlir.full_like_aval(ctx, 0, a) for a in known_avals]
+        hlo.return_(mlir.ir_tree_registry.flatten(zeros)[0])
+    known_outs = [o[0] if isinstance(o, tuple) and len(o) == 1 else o
+                  for o in treedef.unflatten(list(if_op.results))]
+    num_known = len(known_avals) - (len(rest.in_avals) - num_late)
+    late_outs = iter(_subcomp(ctx, rest, [*known_outs[num_known:], *args[n_early:]]))
+    early_outs = iter(known_outs[:num_known])
+    return [next(late_outs) if uk else next(early_outs) for uk in out_unknowns]
 
 
 def _subcomp(ctx, closed: core.ClosedJaxpr, args):
-  consts = mlir.ir_consts(closed.consts, [v.aval for v in closed.jaxpr.constvars])
-  outs, _ = mlir.jaxpr_subcomp(
-      ctx.module_context, closed.jaxpr, ctx.name_stack.extend("checkpoint"),
-      ctx.tokens_in, consts, *args, dim_var_values=ctx.dim_var_values,
-      const_lowering=ctx.const_lowering, outer_traceback=ctx.traceback)
-  return outs
+    consts = mlir.ir_consts(closed.consts, [v.aval for v in closed.jaxpr.constvars])
+    outs, _ = mlir.jaxpr_subcomp(
+        ctx.module_context, closed.jaxpr, ctx.name_stack.extend("checkpoint"),
+        ctx.tokens_in, consts, *args, dim_var_values=ctx.dim_var_values,
+        const_lowering=ctx.const_lowering, outer_traceback=ctx.traceback)
+    return outs
 
 
 def _lower_while(ctx, jaxpr, args):
-  if _ordered_effects(jaxpr):   # keep token threading in one place: the conditional
-    return _lower_cond(ctx, jaxpr, args)
-  i32 = ir.RankedTensorType.get([], ir.IntegerType.get_signless(32))
-  # 0, but only at run time: (u >= 2) is always false.
-  start = hlo.convert(i32, mlir.compare_hlo(
-      _opaque_uniform(), mlir.ir_constant(np.float32(2)), "GE"))
-  flat_args, args_tree = mlir.ir_tree_registry.flatten(list(args))
-  flat_outs, outs_tree = mlir.ir_tree_registry.flatten(_zeros(ctx))
-  init = [start, *flat_args, *flat_outs]
-  loop = hlo.WhileOp([v.type for v in init], init)
-  cond_block = loop.cond.blocks.append(*[v.type for v in init])
-  with ir.InsertionPoint(cond_block):
-    hlo.return_([mlir.compare_hlo(cond_block.arguments[0],
-                                  mlir.ir_constant(np.int32(1)), "LT")])
-  body_block = loop.body.blocks.append(*[v.type for v in init])
-  with ir.InsertionPoint(body_block):
-    counter, *carried = body_block.arguments
-    # Tie the inputs to the counter (always the first iteration, so always the
-    # inputs themselves); otherwise loop-invariant code motion hoists the region.
-    first = mlir.compare_hlo(counter, mlir.ir_constant(np.int32(1)), "LT")
-    tied = [hlo.select(_broadcast_pred(first, v), v, _zeros_of(v))
-            for v in carried[:len(flat_args)]]
-    body_args = args_tree.unflatten(tied)
-    outs, _ = _inline(ctx, jaxpr, body_args, ctx.tokens_in)
-    flat_new, _ = mlir.ir_tree_registry.flatten(list(outs))
-    next_counter = hlo.add(counter, mlir.ir_constant(np.int32(1)))
-    hlo.return_([next_counter, *carried[:len(flat_args)], *flat_new])
-  return outs_tree.unflatten(list(loop.results[1 + len(flat_args):]))
+    if _ordered_effects(jaxpr):   # keep token threading in one place: the conditional
+        return _lower_cond(ctx, jaxpr, args)
+    i32 = ir.RankedTensorType.get([], ir.IntegerType.get_signless(32))
+    # 0, but only at run time: (u >= 2) is always false.
+    start = hlo.convert(i32, mlir.compare_hlo(
+        _opaque_uniform(), mlir.ir_constant(np.float32(2)), "GE"))
+    flat_args, args_tree = mlir.ir_tree_registry.flatten(list(args))
+    flat_outs, outs_tree = mlir.ir_tree_registry.flatten(_zeros(ctx))
+    init = [start, *flat_args, *flat_outs]
+    loop = hlo.WhileOp([v.type for v in init], init)
+    cond_block = loop.cond.blocks.append(*[v.type for v in init])
+    with ir.InsertionPoint(cond_block):
+        hlo.return_([mlir.compare_hlo(cond_block.arguments[0],
+                                      mlir.ir_constant(np.int32(1)), "LT")])
+    body_block = loop.body.blocks.append(*[v.type for v in init])
+    with ir.InsertionPoint(body_block):
+        counter, *carried = body_block.arguments
+        # Tie the inputs to the counter (always the first iteration, so always the
+        # inputs themselves); otherwise loop-invariant code motion hoists the region.
+        first = mlir.compare_hlo(counter, mlir.ir_constant(np.int32(1)), "LT")
+        tied = [hlo.select(_broadcast_pred(first, v), v, _zeros_of(v))
+                for v in carried[:len(flat_args)]]
+        body_args = args_tree.unflatten(tied)
+        outs, _ = _inline(ctx, jaxpr, body_args, ctx.tokens_in)
+        flat_new, _ = mlir.ir_tree_registry.flatten(list(outs))
+        next_counter = hlo.add(counter, mlir.ir_constant(np.int32(1)))
+        hlo.return_([next_counter, *carried[:len(flat_args)], *flat_new])
+    return outs_tree.unflatten(list(loop.results[1 + len(flat_args):]))
 
 
 def _broadcast_pred(pred: ir.Value, like: ir.Value) -> ir.Value:
-  shape = ir.RankedTensorType(like.type).shape
-  i1 = ir.RankedTensorType.get(shape, ir.IntegerType.get_signless(1))
-  return hlo.broadcast_in_dim(i1, pred, mlir.dense_int_array([]))
+    shape = ir.RankedTensorType(like.type).shape
+    i1 = ir.RankedTensorType.get(shape, ir.IntegerType.get_signless(1))
+    return hlo.broadcast_in_dim(i1, pred, mlir.dense_int_array([]))
 
 
 def _zeros_of(like: ir.Value) -> ir.Value:
-  t = ir.RankedTensorType(like.type)
-  zero = hlo.convert(ir.RankedTensorType.get([], t.element_type),
-                     mlir.ir_constant(np.int32(0)))
-  return hlo.broadcast_in_dim(t, zero, mlir.dense_int_array([]))
+    t = ir.RankedTensorType(like.type)
+    zero = hlo.convert(ir.RankedTensorType.get([], t.element_type),
+                       mlir.ir_constant(np.int32(0)))
+    return hlo.broadcast_in_dim(t, zero, mlir.dense_int_array([]))
 
 
 def _lower(ctx, *args, jaxpr: core.Jaxpr, prevent_cse, differentiated, lowering,
            platform_default: str, num_late: int = 0, **_):
-  protect = ((prevent_cse,) * len(args) if isinstance(prevent_cse, bool)
-             else prevent_cse)
-  if not differentiated or not any(protect):
-    outs, tokens = _inline(ctx, jaxpr, args, ctx.tokens_in)
-    ctx.set_tokens_out(tokens)
-    return outs
-  strategy = lowering or platform_default
-  if strategy == "barrier":
-    return _lower_barrier(ctx, jaxpr, args, protect)
-  if strategy == "cond":
-    return (_lower_gated(ctx, jaxpr, args, num_late) if num_late
-            else _lower_cond(ctx, jaxpr, args))
-  if strategy == "while":
-    return _lower_while(ctx, jaxpr, args)
-  raise ValueError(f"unknown remat lowering {strategy!r}; expected one of "
-                   f"{STRATEGIES} or None")
+    protect = ((prevent_cse,) * len(args) if isinstance(prevent_cse, bool)
+               else prevent_cse)
+    if not differentiated or not any(protect):
+        outs, tokens = _inline(ctx, jaxpr, args, ctx.tokens_in)
+        ctx.set_tokens_out(tokens)
+        return outs
+    strategy = lowering or platform_default
+    if strategy == "barrier":
+        return _lower_barrier(ctx, jaxpr, args, protect)
+    if strategy == "cond":
+        return (_lower_gated(ctx, jaxpr, args, num_late) if num_late
+                else _lower_cond(ctx, jaxpr, args))
+    if strategy == "while":
+        return _lower_while(ctx, jaxpr, args)
+    raise ValueError(f"unknown remat lowering {strategy!r}; expected one of "
+                     f"{STRATEGIES} or None")
 
 
 def _register() -> None:
-  for platform in ("cpu", "cuda", "rocm", "tpu"):
-    default = default_strategy(platform)
+    for platform in ("cpu", "cuda", "rocm", "tpu"):
+        default = default_strategy(platform)
+        mlir.register_lowering(
+            remat_p, lambda ctx, *a, _d=default, **p: _lower(ctx, *a, platform_default=_d, **p),
+            platform=platform)
     mlir.register_lowering(
-        remat_p, lambda ctx, *a, _d=default, **p: _lower(ctx, *a, platform_default=_d, **p),
-        platform=platform)
-  mlir.register_lowering(
-      remat_p, lambda ctx, *a, **p: _lower(
-          ctx, *a, platform_default=_OTHER_PLATFORMS_DEFAULT, **p))
+        remat_p, lambda ctx, *a, **p: _lower(
+            ctx, *a, platform_default=_OTHER_PLATFORMS_DEFAULT, **p))
 
 _register()

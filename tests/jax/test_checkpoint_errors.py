@@ -15,7 +15,7 @@ import remat
 
 
 def scale(x, n):
-  return x * n
+    return x * n
 
 
 # ------------------------------------------------------------ static_argnums
@@ -23,271 +23,271 @@ def scale(x, n):
 @pytest.mark.parametrize("bad", [1.5, "1", True, None, (0, "1"), (0, 1.0), [True],
                                  np.int64(1), range(1, 2)])
 def test_static_argnums_wrong_type(bad):
-  with pytest.raises(TypeError, match="static_argnums must be an int or a tuple "
-                                      "of ints"):
-    remat.checkpoint(scale, static_argnums=bad)
+    with pytest.raises(TypeError, match="static_argnums must be an int or a tuple "
+                                        "of ints"):
+        remat.checkpoint(scale, static_argnums=bad)
 
 
 @pytest.mark.parametrize("good", [1, -1, (1,), [1], (1, -1)])
 def test_static_argnums_accepted_forms(good):
-  ck = remat.checkpoint(scale, static_argnums=good)
-  assert ck(2., 3) == 6.
-  assert jax.grad(ck)(2., 3) == 3.
+    ck = remat.checkpoint(scale, static_argnums=good)
+    assert ck(2., 3) == 6.
+    assert jax.grad(ck)(2., 3) == 3.
 
 
 @pytest.mark.parametrize("argnum", [2, 5, -3])
 def test_static_argnums_out_of_range(argnum):
-  ck = remat.checkpoint(scale, static_argnums=argnum)
-  with pytest.raises(ValueError, match=rf"contains {argnum}.*called with 2 "
-                                       r"positional argument.*-2\.\.1"):
-    ck(2., 3)
+    ck = remat.checkpoint(scale, static_argnums=argnum)
+    with pytest.raises(ValueError, match=rf"contains {argnum}.*called with 2 "
+                                         r"positional argument.*-2\.\.1"):
+        ck(2., 3)
 
 
 def test_static_argnums_given_by_keyword():
-  # Static values must be positional; by keyword, position 1 does not exist.
-  ck = remat.checkpoint(scale, static_argnums=1)
-  with pytest.raises(ValueError, match=r"valid positions are -1\.\.0.*"
-                                       r"Pass static values positionally"):
-    ck(2., n=3)
+    # Static values must be positional; by keyword, position 1 does not exist.
+    ck = remat.checkpoint(scale, static_argnums=1)
+    with pytest.raises(ValueError, match=r"valid positions are -1\.\.0.*"
+                                         r"Pass static values positionally"):
+        ck(2., n=3)
 
 
 @pytest.mark.parametrize("outer", [jax.jit, jax.grad, jax.vmap],
                          ids=["jit", "grad", "vmap"])
 def test_traced_value_as_static_arg(outer):
-  ck = remat.checkpoint(scale, static_argnums=1)
-  with pytest.raises(TypeError, match=r"argument 1 is marked static but is a "
-                                      r"traced array \(float32\[\]\)"):
-    outer(lambda n: ck(2., n))(jnp.ones(()) if outer is not jax.vmap
-                               else jnp.ones(2))
+    ck = remat.checkpoint(scale, static_argnums=1)
+    with pytest.raises(TypeError, match=r"argument 1 is marked static but is a "
+                                        r"traced array \(float32\[\]\)"):
+        outer(lambda n: ck(2., n))(jnp.ones(()) if outer is not jax.vmap
+                                   else jnp.ones(2))
 
 
 def test_unhashable_static_args_cached_by_identity():
-  traces = 0
+    traces = 0
 
-  def f(x, cfg):
-    nonlocal traces
-    traces += 1
-    return x * cfg["scale"] + len(cfg["layers"])
+    def f(x, cfg):
+        nonlocal traces
+        traces += 1
+        return x * cfg["scale"] + len(cfg["layers"])
 
-  ck = remat.checkpoint(f, static_argnums=1)
-  cfg = {"scale": 2., "layers": [1, 2]}
-  for _ in range(3):
+    ck = remat.checkpoint(f, static_argnums=1)
+    cfg = {"scale": 2., "layers": [1, 2]}
+    for _ in range(3):
+        assert ck(1., cfg) == 4.
+    assert jax.grad(ck)(1., cfg) == 2.
+    assert traces == 1          # the same object: traced once
+    equal_copy = {"scale": 2., "layers": [1, 2]}
+    assert ck(1., equal_copy) == 4.
+    assert traces == 2          # an equal but distinct object: by identity
     assert ck(1., cfg) == 4.
-  assert jax.grad(ck)(1., cfg) == 2.
-  assert traces == 1          # the same object: traced once
-  equal_copy = {"scale": 2., "layers": [1, 2]}
-  assert ck(1., equal_copy) == 4.
-  assert traces == 2          # an equal but distinct object: by identity
-  assert ck(1., cfg) == 4.
-  assert traces == 2          # the first is still cached
-  # A mutated object is not noticed: identity is the key (as with jax.checkpoint).
-  cfg["scale"] = 5.
-  assert ck(1., cfg) == 4.
+    assert traces == 2          # the first is still cached
+    # A mutated object is not noticed: identity is the key (as with jax.checkpoint).
+    cfg["scale"] = 5.
+    assert ck(1., cfg) == 4.
 
 
 def test_unhashable_static_array():
-  traces = 0
+    traces = 0
 
-  def f(x, table):
-    nonlocal traces
-    traces += 1
-    return x * float(table.sum())
+    def f(x, table):
+        nonlocal traces
+        traces += 1
+        return x * float(table.sum())
 
-  ck = remat.checkpoint(f, static_argnums=(1,))
-  table = np.arange(3.)
-  assert ck(2., table) == 6.
-  assert ck(2., table) == 6.
-  assert jax.jit(lambda x: ck(x, table))(2.) == 6.
-  assert traces == 1
+    ck = remat.checkpoint(f, static_argnums=(1,))
+    table = np.arange(3.)
+    assert ck(2., table) == 6.
+    assert ck(2., table) == 6.
+    assert jax.jit(lambda x: ck(x, table))(2.) == 6.
+    assert traces == 1
 
 
 def test_hashable_static_args_cached_by_value_and_type():
-  traces = 0
+    traces = 0
 
-  def f(x, n, mode):
-    nonlocal traces
-    traces += 1
-    return x * n if mode == "mul" else x + n
+    def f(x, n, mode):
+        nonlocal traces
+        traces += 1
+        return x * n if mode == "mul" else x + n
 
-  ck = remat.checkpoint(f, static_argnums=(1, 2))
-  assert ck(2., 3, "mul") == 6.
-  assert ck(5., 3, "mul") == 15.
-  assert ck(2., int("3"), "m" + "ul") == 6.   # equal values: cached
-  assert traces == 1
-  assert ck(2., 3, "add") == 5.
-  assert traces == 2
-  assert ck(2., 3.0, "mul") == 6.               # 3.0 == 3 but another type
-  assert traces == 3
+    ck = remat.checkpoint(f, static_argnums=(1, 2))
+    assert ck(2., 3, "mul") == 6.
+    assert ck(5., 3, "mul") == 15.
+    assert ck(2., int("3"), "m" + "ul") == 6.   # equal values: cached
+    assert traces == 1
+    assert ck(2., 3, "add") == 5.
+    assert traces == 2
+    assert ck(2., 3.0, "mul") == 6.               # 3.0 == 3 but another type
+    assert traces == 3
 
 
 def test_no_retracing_for_same_shapes():
-  traces = 0
+    traces = 0
 
-  def f(x, y):
-    nonlocal traces
-    traces += 1
-    return jnp.sin(x) * y
+    def f(x, y):
+        nonlocal traces
+        traces += 1
+        return jnp.sin(x) * y
 
-  ck = remat.checkpoint(f)
-  x, y = jnp.ones(3), jnp.ones(3)
-  for _ in range(3):
+    ck = remat.checkpoint(f)
+    x, y = jnp.ones(3), jnp.ones(3)
+    for _ in range(3):
+        ck(x, y)
+        ck(x + 1., y * 2.)          # new values, same shapes
+    jax.jit(ck)(x, y)             # inside other transformations the checkpointed
+    jax.grad(lambda x: ck(x, y).sum())(x)          # function sees the same avals
+    jax.vmap(ck)(jnp.ones((2, 3)), jnp.ones((2, 3)))
+    assert traces == 1
+    ck(jnp.ones(4), jnp.ones(4))  # a new shape
+    assert traces == 2
+    ck(jnp.ones(3, jnp.int32), jnp.ones(3))   # a new dtype
+    assert traces == 3
     ck(x, y)
-    ck(x + 1., y * 2.)          # new values, same shapes
-  jax.jit(ck)(x, y)             # inside other transformations the checkpointed
-  jax.grad(lambda x: ck(x, y).sum())(x)          # function sees the same avals
-  jax.vmap(ck)(jnp.ones((2, 3)), jnp.ones((2, 3)))
-  assert traces == 1
-  ck(jnp.ones(4), jnp.ones(4))  # a new shape
-  assert traces == 2
-  ck(jnp.ones(3, jnp.int32), jnp.ones(3))   # a new dtype
-  assert traces == 3
-  ck(x, y)
-  assert traces == 3
+    assert traces == 3
 
 
 def test_retracing_for_pytree_structure_and_kwargs():
-  traces = 0
+    traces = 0
 
-  def f(x, **kw):
-    nonlocal traces
-    traces += 1
-    return sum(jax.tree_util.tree_leaves(x)) + sum(kw.values())
+    def f(x, **kw):
+        nonlocal traces
+        traces += 1
+        return sum(jax.tree_util.tree_leaves(x)) + sum(kw.values())
 
-  ck = remat.checkpoint(f)
-  ck((1., 2.))
-  ck((3., 4.))
-  assert traces == 1
-  ck([1., 2.])                  # another container type
-  assert traces == 2
-  ck((1., 2.), a=1.)
-  ck((5., 6.), a=2.)
-  assert traces == 3
-  ck((1., 2.), b=1.)            # another keyword
-  assert traces == 4
+    ck = remat.checkpoint(f)
+    ck((1., 2.))
+    ck((3., 4.))
+    assert traces == 1
+    ck([1., 2.])                  # another container type
+    assert traces == 2
+    ck((1., 2.), a=1.)
+    ck((5., 6.), a=2.)
+    assert traces == 3
+    ck((1., 2.), b=1.)            # another keyword
+    assert traces == 4
 
 
 def test_concretization_error_mentions_static_argnums():
-  @remat.checkpoint
-  def f(x, flag):
-    return jnp.sin(x) if flag > 0 else jnp.cos(x)
+    @remat.checkpoint
+    def f(x, flag):
+        return jnp.sin(x) if flag > 0 else jnp.cos(x)
 
-  with pytest.raises(jax.errors.ConcretizationTypeError,
-                     match=r"(?s)static_argnums=\(i,\)"):
-    f(1., 1)
-  with pytest.raises(jax.errors.ConcretizationTypeError, match="static_argnums"):
-    jax.grad(f)(1., 1)
-  # The fix the message suggests works.
-  g = remat.checkpoint(f.__wrapped__, static_argnums=1)
-  assert g(1., 1) == jnp.sin(1.)
-  assert g(1., -1) == jnp.cos(1.)
+    with pytest.raises(jax.errors.ConcretizationTypeError,
+                       match=r"(?s)static_argnums=\(i,\)"):
+        f(1., 1)
+    with pytest.raises(jax.errors.ConcretizationTypeError, match="static_argnums"):
+        jax.grad(f)(1., 1)
+    # The fix the message suggests works.
+    g = remat.checkpoint(f.__wrapped__, static_argnums=1)
+    assert g(1., 1) == jnp.sin(1.)
+    assert g(1., -1) == jnp.cos(1.)
 
 
 def test_concretization_error_for_shapes():
-  f = remat.checkpoint(lambda x, n: x * jnp.ones(n))
-  with pytest.raises(TypeError, match="static_argnums"):
-    f(2., 3)
-  assert remat.checkpoint(lambda x, n: x * jnp.ones(n), static_argnums=1)(
-      2., 3).shape == (3,)
+    f = remat.checkpoint(lambda x, n: x * jnp.ones(n))
+    with pytest.raises(TypeError, match="static_argnums"):
+        f(2., 3)
+    assert remat.checkpoint(lambda x, n: x * jnp.ones(n), static_argnums=1)(
+        2., 3).shape == (3,)
 
 
 # -------------------------------------------------------------- other options
 
 @pytest.mark.parametrize("bad", ["fast", "COND", "", 1, True])
 def test_bad_lowering(bad):
-  with pytest.raises(ValueError, match=r"lowering must be one of \('barrier', "
-                                       r"'cond', 'while'\) or None"):
-    remat.checkpoint(scale, lowering=bad)
+    with pytest.raises(ValueError, match=r"lowering must be one of \('barrier', "
+                                         r"'cond', 'while'\) or None"):
+        remat.checkpoint(scale, lowering=bad)
 
 
 @pytest.mark.parametrize("bad", ["dots_saveable", 1, (None,), True])
 def test_bad_policy_type(bad):
-  with pytest.raises(TypeError, match="policy must be callable as "
-                                      r"policy\(prim, \*avals, \*\*params\)"):
-    remat.checkpoint(scale, policy=bad)
+    with pytest.raises(TypeError, match="policy must be callable as "
+                                        r"policy\(prim, \*avals, \*\*params\)"):
+        remat.checkpoint(scale, policy=bad)
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, None, 0.0, (True, "no"), (1, 0)])
 def test_bad_prevent_cse_type(bad):
-  with pytest.raises(TypeError, match="prevent_cse must be a bool or a tuple of "
-                                      "bools"):
-    remat.checkpoint(scale, prevent_cse=bad)
+    with pytest.raises(TypeError, match="prevent_cse must be a bool or a tuple of "
+                                        "bools"):
+        remat.checkpoint(scale, prevent_cse=bad)
 
 
 def test_prevent_cse_length_mismatch():
-  ck = remat.checkpoint(scale, prevent_cse=(True,))
-  with pytest.raises(ValueError, match=r"prevent_cse has 1 entries but the "
-                                       r"function was called with 2 positional"):
-    ck(2., 3.)
-  # Static arguments count as positions too.
-  ck = remat.checkpoint(scale, prevent_cse=(True, False), static_argnums=1)
-  assert jax.grad(ck)(2., 3) == 3.
+    ck = remat.checkpoint(scale, prevent_cse=(True,))
+    with pytest.raises(ValueError, match=r"prevent_cse has 1 entries but the "
+                                         r"function was called with 2 positional"):
+        ck(2., 3.)
+    # Static arguments count as positions too.
+    ck = remat.checkpoint(scale, prevent_cse=(True, False), static_argnums=1)
+    assert jax.grad(ck)(2., 3) == 3.
 
 
 def test_fun_not_callable():
-  with pytest.raises(TypeError, match="fun must be callable, got 3"):
-    remat.checkpoint(3)
+    with pytest.raises(TypeError, match="fun must be callable, got 3"):
+        remat.checkpoint(3)
 
 
 def test_checkpoint_name_requires_str():
-  with pytest.raises(TypeError, match="name must be a str, got 3"):
-    remat.checkpoint_name(jnp.ones(2), 3)
+    with pytest.raises(TypeError, match="name must be a str, got 3"):
+        remat.checkpoint_name(jnp.ones(2), 3)
 
 
 def test_non_array_argument():
-  with pytest.raises(TypeError, match="not a valid JAX type"):
-    remat.checkpoint(scale)("a", 2.)
+    with pytest.raises(TypeError, match="not a valid JAX type"):
+        remat.checkpoint(scale)("a", 2.)
 
 
 def test_grad_of_non_differentiable_output_is_an_error():
-  # Errors from JAX itself pass through unchanged.
-  ck = remat.checkpoint(lambda x: jnp.argmax(x))
-  with pytest.raises(TypeError, match="grad requires real-valued outputs"):
-    jax.grad(ck)(jnp.ones(3))
+    # Errors from JAX itself pass through unchanged.
+    ck = remat.checkpoint(lambda x: jnp.argmax(x))
+    with pytest.raises(TypeError, match="grad requires real-valued outputs"):
+        jax.grad(ck)(jnp.ones(3))
 
 
 def test_errors_inside_the_function_propagate():
-  def f(x):
-    raise RuntimeError("boom")
+    def f(x):
+        raise RuntimeError("boom")
 
-  ck = remat.checkpoint(f)
-  with pytest.raises(RuntimeError, match="boom"):
-    ck(1.)
-  with pytest.raises(RuntimeError, match="boom"):
-    jax.grad(ck)(1.)
+    ck = remat.checkpoint(f)
+    with pytest.raises(RuntimeError, match="boom"):
+        ck(1.)
+    with pytest.raises(RuntimeError, match="boom"):
+        jax.grad(ck)(1.)
 
 
 def test_wrapper_keeps_name_and_docstring():
-  def my_layer(x):
-    """Docs."""
-    return x
+    def my_layer(x):
+        """Docs."""
+        return x
 
-  ck = remat.checkpoint(my_layer)
-  assert ck.__name__ == "my_layer"
-  assert ck.__doc__ == "Docs."
-  assert partial(remat.remat, static_argnums=0)(my_layer).__wrapped__ is my_layer
+    ck = remat.checkpoint(my_layer)
+    assert ck.__name__ == "my_layer"
+    assert ck.__doc__ == "Docs."
+    assert partial(remat.remat, static_argnums=0)(my_layer).__wrapped__ is my_layer
 
 
 @pytest.mark.parametrize("bad", [((True,), True), ((True, False, True), False),
                                  (True, (True, False)), ({"a": True}, True)])
 def test_prevent_cse_structure_mismatch(bad):
-  ck = remat.checkpoint(lambda t, y: jnp.sin(t[0] * t[1]) * y, prevent_cse=bad)
-  with pytest.raises(ValueError, match=r"prevent_cse entry .* for positional "
-                                       r"argument \d does not match"):
-    ck((1., 2.), 3.)
+    ck = remat.checkpoint(lambda t, y: jnp.sin(t[0] * t[1]) * y, prevent_cse=bad)
+    with pytest.raises(ValueError, match=r"prevent_cse entry .* for positional "
+                                         r"argument \d does not match"):
+        ck((1., 2.), 3.)
 
 
 def test_prevent_cse_pytree_entries():
-  def f(params, x):
-    return jnp.sin(params["w"] * x) + params["b"][0] * params["b"][1]
+    def f(params, x):
+        return jnp.sin(params["w"] * x) + params["b"][0] * params["b"][1]
 
-  params = {"w": 2., "b": (3., 4.)}
-  expected = jax.grad(f)(params, 1.5)
-  # Per-leaf flags with the argument's structure, or a prefix of it.
-  for flags in [({"w": True, "b": (False, True)}, False),
-                ({"w": True, "b": False}, True)]:
-    ck = remat.checkpoint(f, prevent_cse=flags)
-    jaxpr = jax.make_jaxpr(ck)(params, 1.5)
-    eqn, = jaxpr.jaxpr.eqns
-    assert len(eqn.params["prevent_cse"]) == len(eqn.invars)
-    got = jax.jit(jax.grad(ck))(params, 1.5)
-    jax.tree_util.tree_map(np.testing.assert_allclose, got, expected)
+    params = {"w": 2., "b": (3., 4.)}
+    expected = jax.grad(f)(params, 1.5)
+    # Per-leaf flags with the argument's structure, or a prefix of it.
+    for flags in [({"w": True, "b": (False, True)}, False),
+                  ({"w": True, "b": False}, True)]:
+        ck = remat.checkpoint(f, prevent_cse=flags)
+        jaxpr = jax.make_jaxpr(ck)(params, 1.5)
+        eqn, = jaxpr.jaxpr.eqns
+        assert len(eqn.params["prevent_cse"]) == len(eqn.invars)
+        got = jax.jit(jax.grad(ck))(params, 1.5)
+        jax.tree_util.tree_map(np.testing.assert_allclose, got, expected)

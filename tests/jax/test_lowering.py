@@ -14,52 +14,52 @@ LAYERS, SEGMENT, BATCH, WIDTH = 12, 3, 512, 256
 
 
 def _chain(wrap, seed=0):
-  return models.mlp_chain(layers=LAYERS, batch=BATCH, width=WIDTH, segment=SEGMENT,
-                          wrap=wrap, seed=seed)
+    return models.mlp_chain(layers=LAYERS, batch=BATCH, width=WIDTH, segment=SEGMENT,
+                            wrap=wrap, seed=seed)
 
 
 def _inputs(seed):
-  model = _chain(lambda f: f, seed)
-  return model.params, model.batch
+    model = _chain(lambda f: f, seed)
+    return model.params, model.batch
 
 
 def _compile(wrap, ws, x):
-  return jax.jit(jax.grad(_chain(wrap).loss_fn)).lower(ws, x).compile()
+    return jax.jit(jax.grad(_chain(wrap).loss_fn)).lower(ws, x).compile()
 
 
 def _count(hlo_text, op):
-  return len(re.findall(rf"\s{op}\(", hlo_text))
+    return len(re.findall(rf"\s{op}\(", hlo_text))
 
 
 @pytest.fixture(scope="module")
 def compiled():
-  ws, x = _inputs(0)
-  return ws, x, {name: _compile(wrap, ws, x) for name, wrap in [
-      ("plain", lambda f: f),
-      ("cond", lambda f: remat.checkpoint(f, lowering="cond")),
-      ("while", lambda f: remat.checkpoint(f, lowering="while")),
-      ("barrier", lambda f: remat.checkpoint(f, lowering="barrier")),
-      ("default", remat.checkpoint)]}
+    ws, x = _inputs(0)
+    return ws, x, {name: _compile(wrap, ws, x) for name, wrap in [
+        ("plain", lambda f: f),
+        ("cond", lambda f: remat.checkpoint(f, lowering="cond")),
+        ("while", lambda f: remat.checkpoint(f, lowering="while")),
+        ("barrier", lambda f: remat.checkpoint(f, lowering="barrier")),
+        ("default", remat.checkpoint)]}
 
 
 def test_default_strategy_per_platform():
-  assert default_strategy("cpu") == "cond"
-  assert default_strategy("cuda") == "barrier"
-  assert default_strategy("tpu") == "barrier"
+    assert default_strategy("cpu") == "cond"
+    assert default_strategy("cuda") == "barrier"
+    assert default_strategy("tpu") == "barrier"
 
 
 @pytest.mark.parametrize("strategy", ["cond", "while", "default"])
 def test_recomputation_is_in_the_optimized_hlo(compiled, strategy):
-  _, _, c = compiled
-  plain, ours = c["plain"].as_text(), c[strategy].as_text()
-  # The forward segments run again inside the backward: one more dot per layer.
-  assert _count(ours, "dot") >= _count(plain, "dot") + LAYERS
-  used = default_strategy(jax.default_backend()) if strategy == "default" else strategy
-  if used != "barrier":       # a barrier leaves no op of its own behind
-    kind = "while" if used == "while" else "conditional"
-    assert _count(ours, kind) >= LAYERS // SEGMENT
-  flops = lambda k: c[k].cost_analysis()["flops"]
-  assert flops(strategy) > 1.2 * flops("plain")
+    _, _, c = compiled
+    plain, ours = c["plain"].as_text(), c[strategy].as_text()
+    # The forward segments run again inside the backward: one more dot per layer.
+    assert _count(ours, "dot") >= _count(plain, "dot") + LAYERS
+    used = default_strategy(jax.default_backend()) if strategy == "default" else strategy
+    if used != "barrier":       # a barrier leaves no op of its own behind
+        kind = "while" if used == "while" else "conditional"
+        assert _count(ours, kind) >= LAYERS // SEGMENT
+    flops = lambda k: c[k].cost_analysis()["flops"]
+    assert flops(strategy) > 1.2 * flops("plain")
 
 
 ON_CPU = jax.default_backend() == "cpu"
@@ -72,26 +72,26 @@ ON_CPU = jax.default_backend() == "cpu"
     ("cond", 0.65 if ON_CPU else 0.7), ("default", 0.65 if ON_CPU else 0.7),
     ("while", 0.9)])
 def test_memory_drops(compiled, strategy, bound):
-  _, _, c = compiled
-  temp = lambda k: c[k].memory_analysis().temp_size_in_bytes
-  assert temp(strategy) <= bound * temp("plain"), (temp(strategy), temp("plain"))
+    _, _, c = compiled
+    temp = lambda k: c[k].memory_analysis().temp_size_in_bytes
+    assert temp(strategy) <= bound * temp("plain"), (temp(strategy), temp("plain"))
 
 
 @pytest.mark.skipif(not ON_CPU, reason="XLA:GPU and XLA:TPU honour the barrier")
 def test_barrier_is_undone_by_xla_cpu(compiled):
-  # Documents the compiler behaviour the conditional exists for (design notes,
-  # fact 1): on CPU, barriers are removed and CSE merges the recomputation back.
-  _, _, c = compiled
-  temp = lambda k: c[k].memory_analysis().temp_size_in_bytes
-  assert temp("barrier") > 0.9 * temp("plain")
+    # Documents the compiler behaviour the conditional exists for (design notes,
+    # fact 1): on CPU, barriers are removed and CSE merges the recomputation back.
+    _, _, c = compiled
+    temp = lambda k: c[k].memory_analysis().temp_size_in_bytes
+    assert temp("barrier") > 0.9 * temp("plain")
 
 
 @pytest.mark.parametrize("strategy", ["cond", "while", "barrier", "default"])
 def test_gradients_match_plain(compiled, strategy):
-  ws, x, c = compiled
-  ws, x = _inputs(1)        # fresh inputs, not the ones compiled against
-  want = c["plain"](ws, x)
-  got = c[strategy](ws, x)
-  for a, b in zip(want, got):
-    assert np.all(np.asarray(a) != 0)
-    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+    ws, x, c = compiled
+    ws, x = _inputs(1)        # fresh inputs, not the ones compiled against
+    want = c["plain"](ws, x)
+    got = c[strategy](ws, x)
+    for a, b in zip(want, got):
+        assert np.all(np.asarray(a) != 0)
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)

@@ -13,22 +13,22 @@ JIT = [False, True]
 
 
 def _maybe_jit(f, jit):
-  return jax.jit(f) if jit else f
+    return jax.jit(f) if jit else f
 
 
 def _seed_example(y, x_ref):
-  out = y * x_ref[...]
-  x_ref[...] += 1
-  return out
+    out = y * x_ref[...]
+    x_ref[...] += 1
+    return out
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("jit", JIT)
 def test_seed_example_effects_once(kind, jit):
-  x_ref = jax.new_ref(1.0, kind=kind)
-  grad = _maybe_jit(jax.grad(remat.checkpoint(_seed_example)), jit)(1.0, x_ref)
-  assert float(grad) == 1.0
-  assert float(x_ref[...]) == 2.0
+    x_ref = jax.new_ref(1.0, kind=kind)
+    grad = _maybe_jit(jax.grad(remat.checkpoint(_seed_example)), jit)(1.0, x_ref)
+    assert float(grad) == 1.0
+    assert float(x_ref[...]) == 2.0
 
 
 #: (gradient, final ref value) of the seed example under ref_effects="replay": a
@@ -39,169 +39,169 @@ REPLAYED = {None: (2.0, 3.0), "no_grad_no_remat": (1.0, 2.0)}
 
 
 def _replayed(kind, jit, fun=_seed_example):
-  x_ref = jax.new_ref(1.0, kind=kind)
-  f = remat.checkpoint(fun, ref_effects="replay")
-  grad = _maybe_jit(jax.grad(f), jit)(1.0, x_ref)
-  return float(grad), float(x_ref[...])
+    x_ref = jax.new_ref(1.0, kind=kind)
+    f = remat.checkpoint(fun, ref_effects="replay")
+    grad = _maybe_jit(jax.grad(f), jit)(1.0, x_ref)
+    return float(grad), float(x_ref[...])
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("jit", JIT)
 def test_replay_is_explicit(kind, jit):
-  # ref_effects="replay" recomputes with the ref's current value and repeats the
-  # write, as jax.checkpoint does, for the refs JAX rematerializes.
-  assert _replayed(kind, jit) == REPLAYED[kind]
+    # ref_effects="replay" recomputes with the ref's current value and repeats the
+    # write, as jax.checkpoint does, for the refs JAX rematerializes.
+    assert _replayed(kind, jit) == REPLAYED[kind]
 
 
 @pytest.mark.parametrize("jit", JIT)
 def test_replay_does_not_depend_on_the_kind_traced_before(jit):
-  # JAX's ref avals compare equal whatever their kind: a trace cached for a
-  # plain ref must not be reused for a "no_grad_no_remat" one, or the other way.
-  def example(y, x_ref):
-    return _seed_example(y, x_ref)
-  assert _replayed(None, jit, example) == REPLAYED[None]
-  assert _replayed("no_grad_no_remat", jit, example) == REPLAYED["no_grad_no_remat"]
-  assert _replayed(None, jit, example) == REPLAYED[None]
+    # JAX's ref avals compare equal whatever their kind: a trace cached for a
+    # plain ref must not be reused for a "no_grad_no_remat" one, or the other way.
+    def example(y, x_ref):
+        return _seed_example(y, x_ref)
+    assert _replayed(None, jit, example) == REPLAYED[None]
+    assert _replayed("no_grad_no_remat", jit, example) == REPLAYED["no_grad_no_remat"]
+    assert _replayed(None, jit, example) == REPLAYED[None]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("jit", JIT)
 def test_accumulation_into_ref_argument(kind, jit):
-  k1, k2 = jax.random.split(jax.random.key(jit))
-  w = jax.random.normal(k1, (8, 8)) / 3
-  x = jax.random.normal(k2, (4, 8))
+    k1, k2 = jax.random.split(jax.random.key(jit))
+    w = jax.random.normal(k1, (8, 8)) / 3
+    x = jax.random.normal(k2, (4, 8))
 
-  def layer(w, x, stats_ref):
-    h = jnp.tanh(x @ w)
-    stats_ref[...] += jax.lax.stop_gradient(h.sum(0))
-    return jnp.tanh(h @ w)
+    def layer(w, x, stats_ref):
+        h = jnp.tanh(x @ w)
+        stats_ref[...] += jax.lax.stop_gradient(h.sum(0))
+        return jnp.tanh(h @ w)
 
-  def grad_of(wrap):
-    loss = lambda w, x, r: jnp.sum(wrap(layer)(w, x, r) ** 2)
-    stats_ref = jax.new_ref(jnp.zeros(8), kind=kind)
-    return _maybe_jit(jax.grad(loss), jit)(w, x, stats_ref), stats_ref
+    def grad_of(wrap):
+        loss = lambda w, x, r: jnp.sum(wrap(layer)(w, x, r) ** 2)
+        stats_ref = jax.new_ref(jnp.zeros(8), kind=kind)
+        return _maybe_jit(jax.grad(loss), jit)(w, x, stats_ref), stats_ref
 
-  want, plain_ref = grad_of(lambda f: f)
-  got, ours_ref = grad_of(remat.checkpoint)
-  np.testing.assert_allclose(got, want, rtol=1e-6)
-  np.testing.assert_allclose(ours_ref[...], plain_ref[...], rtol=1e-6)
-  assert np.all(np.asarray(ours_ref[...]) != 0)
+    want, plain_ref = grad_of(lambda f: f)
+    got, ours_ref = grad_of(remat.checkpoint)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(ours_ref[...], plain_ref[...], rtol=1e-6)
+    assert np.all(np.asarray(ours_ref[...]) != 0)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("jit", JIT)
 def test_closed_over_ref(kind, jit):
-  x_ref = jax.new_ref(3.0, kind=kind)
+    x_ref = jax.new_ref(3.0, kind=kind)
 
-  def f(y):
-    out = jnp.sin(y * x_ref[...])
-    x_ref[...] += 1
-    return out
+    def f(y):
+        out = jnp.sin(y * x_ref[...])
+        x_ref[...] += 1
+        return out
 
-  grad = _maybe_jit(jax.grad(remat.checkpoint(f)), jit)(0.5)
-  np.testing.assert_allclose(grad, 3.0 * np.cos(1.5), rtol=1e-6)
-  assert float(x_ref[...]) == 4.0
+    grad = _maybe_jit(jax.grad(remat.checkpoint(f)), jit)(0.5)
+    np.testing.assert_allclose(grad, 3.0 * np.cos(1.5), rtol=1e-6)
+    assert float(x_ref[...]) == 4.0
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("jit", JIT)
 def test_nested_checkpoints(kind, jit):
-  x_ref = jax.new_ref(2.0, kind=kind)
+    x_ref = jax.new_ref(2.0, kind=kind)
 
-  def inner(y):
-    out = y * x_ref[...]
-    x_ref[...] += 1
-    return jnp.sin(out)
+    def inner(y):
+        out = y * x_ref[...]
+        x_ref[...] += 1
+        return jnp.sin(out)
 
-  def outer(y):
-    return remat.checkpoint(inner)(y) * x_ref[...]
+    def outer(y):
+        return remat.checkpoint(inner)(y) * x_ref[...]
 
-  # value before: 2 -> inner reads 2, writes 3; outer reads 3.
-  grad = _maybe_jit(jax.grad(remat.checkpoint(outer)), jit)(0.25)
-  np.testing.assert_allclose(grad, 2.0 * np.cos(0.5) * 3.0, rtol=1e-6)
-  assert float(x_ref[...]) == 3.0
+    # value before: 2 -> inner reads 2, writes 3; outer reads 3.
+    grad = _maybe_jit(jax.grad(remat.checkpoint(outer)), jit)(0.25)
+    np.testing.assert_allclose(grad, 2.0 * np.cos(0.5) * 3.0, rtol=1e-6)
+    assert float(x_ref[...]) == 3.0
 
 
 @pytest.mark.parametrize("policy", [None, remat.checkpoint_policies.everything_saveable,
                                     remat.checkpoint_policies.dots_saveable])
 def test_any_policy(policy):
-  x_ref = jax.new_ref(1.0)
-  grad = jax.grad(remat.checkpoint(_seed_example, policy=policy))(1.0, x_ref)
-  assert (float(grad), float(x_ref[...])) == (1.0, 2.0)
+    x_ref = jax.new_ref(1.0)
+    grad = jax.grad(remat.checkpoint(_seed_example, policy=policy))(1.0, x_ref)
+    assert (float(grad), float(x_ref[...])) == (1.0, 2.0)
 
 
 @pytest.mark.parametrize("jit", JIT)
 def test_ref_in_scan_body(jit):
-  def run(wrap):
-    acc = jax.new_ref(jnp.zeros(3))
+    def run(wrap):
+        acc = jax.new_ref(jnp.zeros(3))
 
-    def body(c, x):
-      acc[...] += jax.lax.stop_gradient(c)
-      return jnp.sin(c * x), None
+        def body(c, x):
+            acc[...] += jax.lax.stop_gradient(c)
+            return jnp.sin(c * x), None
 
-    def loss(c0, xs):
-      c, _ = jax.lax.scan(wrap(body), c0, xs)
-      return c.sum()
+        def loss(c0, xs):
+            c, _ = jax.lax.scan(wrap(body), c0, xs)
+            return c.sum()
 
-    c0 = jax.random.uniform(jax.random.key(3), (3,), minval=0.1, maxval=0.5)
-    g = _maybe_jit(jax.grad(loss), jit)(c0, jnp.arange(1.0, 5.0))
-    return g, acc[...]
+        c0 = jax.random.uniform(jax.random.key(3), (3,), minval=0.1, maxval=0.5)
+        g = _maybe_jit(jax.grad(loss), jit)(c0, jnp.arange(1.0, 5.0))
+        return g, acc[...]
 
-  (g_plain, acc_plain), (g_ours, acc_ours) = run(lambda f: f), run(remat.checkpoint)
-  np.testing.assert_allclose(g_ours, g_plain, rtol=1e-6)
-  np.testing.assert_allclose(acc_ours, acc_plain, rtol=1e-6)
+    (g_plain, acc_plain), (g_ours, acc_ours) = run(lambda f: f), run(remat.checkpoint)
+    np.testing.assert_allclose(g_ours, g_plain, rtol=1e-6)
+    np.testing.assert_allclose(acc_ours, acc_plain, rtol=1e-6)
 
 
 def test_internal_refs_are_pure():
-  def f(y):
-    r = jax.new_ref(jnp.zeros(()))
-    r[...] += y * y
-    r[...] += jnp.sin(y)
-    return r[...]
+    def f(y):
+        r = jax.new_ref(jnp.zeros(()))
+        r[...] += y * y
+        r[...] += jnp.sin(y)
+        return r[...]
 
-  for jit in JIT:
-    np.testing.assert_allclose(_maybe_jit(jax.grad(remat.checkpoint(f)), jit)(0.7),
-                               2 * 0.7 + np.cos(0.7), rtol=1e-6)
+    for jit in JIT:
+        np.testing.assert_allclose(_maybe_jit(jax.grad(remat.checkpoint(f)), jit)(0.7),
+                                   2 * 0.7 + np.cos(0.7), rtol=1e-6)
 
 
 def test_no_retracing_for_refs():
-  traces = []
+    traces = []
 
-  def f(y, x_ref):
-    traces.append(1)
-    return _seed_example(y, x_ref)
+    def f(y, x_ref):
+        traces.append(1)
+        return _seed_example(y, x_ref)
 
-  g = jax.grad(remat.checkpoint(f))
-  g(1.0, jax.new_ref(1.0))
-  g(2.0, jax.new_ref(1.0))
-  assert len(traces) == 1
+    g = jax.grad(remat.checkpoint(f))
+    g(1.0, jax.new_ref(1.0))
+    g(2.0, jax.new_ref(1.0))
+    assert len(traces) == 1
 
 
 def test_debug_callback_fires_per_forward_and_recomputation_level():
-  calls = []
+    calls = []
 
-  def f(x):
-    jax.debug.callback(lambda: calls.append(1))
-    return jnp.sin(x)
+    def f(x):
+        jax.debug.callback(lambda: calls.append(1))
+        return jnp.sin(x)
 
-  g = remat.checkpoint(remat.checkpoint(remat.checkpoint(f)))
-  g(1.0)
-  assert len(calls) == 1
-  for run in (jax.grad(g), jax.jit(jax.grad(g))):
-    calls.clear()
-    run(1.0)
-    assert len(calls) == 4      # the forward, then one recomputation per level
+    g = remat.checkpoint(remat.checkpoint(remat.checkpoint(f)))
+    g(1.0)
+    assert len(calls) == 1
+    for run in (jax.grad(g), jax.jit(jax.grad(g))):
+        calls.clear()
+        run(1.0)
+        assert len(calls) == 4      # the forward, then one recomputation per level
 
 
 def test_unsupported_effect_is_named():
-  def f(x):
-    io_callback(lambda: None, None, ordered=True)
-    return jnp.sin(x)
+    def f(x):
+        io_callback(lambda: None, None, ordered=True)
+        return jnp.sin(x)
 
-  with pytest.raises(NotImplementedError, match="OrderedIO"):
-    jax.grad(remat.checkpoint(f))(1.0)
+    with pytest.raises(NotImplementedError, match="OrderedIO"):
+        jax.grad(remat.checkpoint(f))(1.0)
 
 
 def test_bad_ref_effects_value():
-  with pytest.raises(ValueError, match="ref_effects must be one of"):
-    remat.checkpoint(jnp.sin, ref_effects="twice")
+    with pytest.raises(ValueError, match="ref_effects must be one of"):
+        remat.checkpoint(jnp.sin, ref_effects="twice")
