@@ -21,9 +21,12 @@ from .core.simulate import Timeline, simulate
 __all__ = ["analyze", "MemoryReport"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class MemoryReport:
     """The predicted memory of one program (see ``remat.core.simulate`` for the model).
+
+    ``str()`` and ``repr()`` give a one-line summary (the peak and its parts, the op
+    at the peak); ``memlog()`` gives every step.
 
     Attributes:
       graph: the program graph (``remat.core.graph.Graph``).
@@ -83,6 +86,8 @@ class MemoryReport:
                 f"{format_bytes(self.output_bytes)} + temporaries "
                 f"{format_bytes(self.temp_bytes)}; {len(self.graph.ops)} ops, "
                 f"scheduler {self.scheduler!r}, peak at {self.peak_op or '-'})")
+
+    __repr__ = __str__
 
 
 def analyze(fun: Callable[..., Any], *args: Any, scheduler: str = "best",

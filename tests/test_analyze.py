@@ -33,6 +33,7 @@ def test_report_fields_and_dumps(tmp_path):
     assert "tanh" in report.memlog() or "dot_general" in report.memlog()
     assert report.to_dot().startswith("digraph")
     assert "MemoryReport(peak" in str(report) and "test_analyze.py" in report.peak_op
+    assert repr(report) == str(report) and len(repr(report)) < 300   # no schedule dump
     report.plot(tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 1000
     assert len(report.timeline.schedule) == len(report.graph.ops)

@@ -50,6 +50,17 @@ class ParetoRow:
     error: str = ""
     status: str = ""
 
+    def __str__(self) -> str:
+        limit = ("plain program" if self.limit is None else f"limit {self.limit:.0%}"
+                 if isinstance(self.limit, float) else f"limit {self.limit}")
+        if self.error:
+            return f"ParetoRow({self.algorithm}, {limit}: refused)"
+        time = "" if self.step_seconds is None else f", step {self.step_seconds:.4f} s"
+        return (f"ParetoRow({self.algorithm}, {limit}: XLA footprint "
+                f"{self.footprint_bytes / _MIB:.1f} MiB, {self.flops / 1e9:.2f} GFLOP{time})")
+
+    __repr__ = __str__
+
 
 @dataclasses.dataclass(frozen=True)
 class Pareto:
@@ -76,6 +87,12 @@ class Pareto:
                 f"{r.extra_flops / 1e9:.2f} | {r.flops / plain.flops:.2f} | "
                 f"{r.step_seconds:.4f} | {r.step_seconds / plain.step_seconds:.2f} |")
         return "\n".join(lines) + "\n"
+
+    def __str__(self) -> str:
+        return self.to_markdown()
+
+    def __repr__(self) -> str:
+        return f"Pareto({len(self.rows)} rows: {', '.join(map(str, self.rows))})"
 
     def plot(self, path: str | os.PathLike, title: str = "") -> None:
         """A PNG of step time against XLA footprint, one line per algorithm."""

@@ -32,6 +32,8 @@ def test_pareto_rows_table_and_plot(tmp_path):
             assert r.error and r.footprint_bytes is None
     table = p.to_markdown()
     assert table.count("\n") == 2 + len(p.rows) and "refused" in table
+    assert str(p) == table and repr(p).count("ParetoRow(") == len(p.rows)
+    assert "refused" in str(p.rows[-1]) and "MiB" in repr(p.rows[0])
     p.plot(tmp_path / "pareto.png")
     assert (tmp_path / "pareto.png").stat().st_size > 0
 
