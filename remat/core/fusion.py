@@ -9,9 +9,8 @@ graph alone (no schedule needed):
   output, it has at least one user, every user is a ``"loop"`` or ``"reduce"`` op,
   and either all its users end up in one fusion (e.g. ``q`` in ``q + q * h``), or
   its producer is cheap to duplicate into each of them: it writes at least
-  ``_EXPANSION`` times the bytes it reads (broadcasts, iotas). Measured on XLA:CPU,
-  it does not duplicate other multi-user producers: without that rule the
-  transformer benchmark was under-predicted by 21%.
+  ``_EXPANSION`` times the bytes it reads (broadcasts, iotas). XLA:CPU does not
+  duplicate other multi-user producers, so their values stay in memory.
 
 A fused value occupies no bytes; the values its producer reads must stay live until
 the fusion really runs, i.e. until the last op that consumes the fused chain (the

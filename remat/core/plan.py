@@ -16,8 +16,7 @@ of its consumers (every op on a path between two of them), plus the copies.
 The compiler cannot fuse across a block's edge either: a block's results are in
 memory (a conditional's results). So a consumer that would fuse into a later op
 brings that op into its block, else the block would hand out its unfused results
-(on the 24-layer chain, a 4 MiB buffer per block, which the model did not see:
-XLA read the chain's 30% plans one activation over the model).
+in memory: one buffer per block that the model, which fuses them, does not count.
 
 :func:`apply_plan` builds the rewritten program as a plain :class:`Graph` with a
 schedule, so the one simulator measures every plan the same way.
@@ -276,10 +275,10 @@ def _with_fusions(graph: Graph, region: Region, position) -> Region:
     a fusing compiler keeps in registers runs inside the op that reads them, so
     that op joins the block too (else the block would hand out the unfused
     results, in memory). Only elementwise ops join, and only when no other
-    fused value would be handed in and the block would span no other ops: XLA
-    read ResNet-50's first 75% plan 14% higher with batch-norm reductions
-    inside its blocks, the transformer's first 50% plan 15% higher with layer
-    norm ops inside that fused values from outside."""
+    fused value would be handed in and the block would span no other ops: a
+    reduction, or an op reading fused values from outside, pulled into a block
+    makes the compiler materialize inputs the model counts as fused, so the
+    compiled program would hold more than the plan simulated."""
     fused = fused_values(graph)
     consumers = set(region.consumers)
     stack = list(consumers)

@@ -15,14 +15,12 @@ breaks the limit is found by bisection, left out, and merging goes on from the
 run before it, probing 1, 2, 4, ... merges from then on (near the limit, breaking
 merges come thick). A merge left out also rules out, for the rest of the call,
 every merge of two regions that each hold one side of it (their recompute and
-consumers): the block would be bigger and hold more copies for longer (on the
-U-Net at 30%, 7-15% fewer trials for the same or less recompute). A merge
+consumers): the block would be bigger and hold more copies for longer. A merge
 judged to break the limit by the copies it would hold on top of the last
 simulation, with the merges the run took before it and the copies of the
-blocks the merged block swallows (:class:`_HeldCopies`), is not tried (12-layer
-chain at 30%: one trial, where judging each merge alone took 10 and no
-judgement 29, for the same plan; a wrong judgement costs recompute, never a
-plan over the limit, since every merge kept was simulated).
+blocks the merged block swallows (:class:`_HeldCopies`), is not tried. A wrong
+judgement costs recompute, never a plan over the limit, since every merge kept
+was simulated.
 ``max_trials`` bounds the trials; a trial whose regions are known to miss the
 limit (simulated before, in this or an earlier merge run:
 :func:`remat.core.plan.known_peak`) is not simulated again.
@@ -105,8 +103,7 @@ class _HeldCopies:
     (from where each is made among ``x``'s copies; those ``x`` made too, once
     ``x``'s consumers are done with them). Less only what ``y``'s
     copies were the last to read (it may now die at ``x``'s block). Over the
-    limit at some such step: the merge is skipped without a trial (on the
-    12-layer chain at 30%, most failing merges hold one activation too many).
+    limit at some such step: the merge is skipped without a trial.
     The blocks between ``x``'s and ``y``'s are taken to join the merged block
     (the convex hull of both consumer sets takes in those on a path between
     them; all of them, to err on the safe side), so their copies, made at its
@@ -119,17 +116,10 @@ class _HeldCopies:
     is at the end of the merged block.
     A merge judged within the limit is taken by the run, so its held copies
     count against the run's later merges (merges that each fit alone can break
-    the limit together: judged one by one against the simulation, the chain's
-    first run, of ten merges, missed and took ten trials to sort out; the run
-    of eight that the sum allows fits at once).
-    It is an estimate: ops that move around the merged block are not followed;
-    the benchmark plans compared came out the same or cheaper with it (taking
-    the run's merges into account left every benchmark plan as it was;
-    counting the swallowed blocks' copies cut the U-Net's `standard` search at
-    30% by a quarter for the same plan: 16 of the 18 single merges it had
-    simulated over the limit peaked inside such a merged block; counting what
-    moves before the merged block and the late copies' reads took its merge
-    trials from 153 to 93, again for the same plans)."""
+    the limit together).
+    It is an estimate: ops that move around the merged block are not followed.
+    It only decides which merges are tried, so it changes how many trials a
+    search makes, never whether a kept merge is within the limit."""
 
     def __init__(self, graph: Graph, schedule: Sequence[int],
                  base: tuple[Rewritten, Timeline], limit_bytes: int):
@@ -384,7 +374,7 @@ def merge_regions_simulated(graph: Graph, schedule: Sequence[int],
     merges judged to break the limit be skipped untried from the start.
 
     The last few answers are kept on ``graph``: both starts of ``"standard"``
-    often hand over the same regions (on the 12-layer chain, every time)."""
+    often hand over the same regions."""
     key = (tuple(schedule), tuple(regions), limit_bytes, max_trials)
     memo = graph.memo("_merged", collections.OrderedDict)
     if key in memo:

@@ -243,8 +243,8 @@ def _drop_for(est: Estimate, v: int, peak: int, depth: int, chains: "_Chains"
               ) -> Drop | None:
     """How ``v`` would be dropped across ``peak``, or None if it cannot be.
 
-    A sweep asks again and again (on ResNet-50, each value at a peak step about
-    20 times), so the answer is kept on ``chains`` while it holds: until a drop
+    A sweep asks about the same value at the same peak step many times, so the
+    answer is kept on ``chains`` while it holds: until a drop
     reads ``v`` (its list of ``est.readers`` grows) or the chain it used is
     forgotten. Nothing else it reads changes during a sweep (``v`` itself, once
     dropped, is not asked about again)."""
@@ -635,8 +635,8 @@ def cheapest_consolidated(graph: Graph, schedule: Sequence[int],
     :func:`consolidated` within it, consolidating only those that can still win.
     Merging regions leaves each op they recompute recomputed at least once, so
     a plan whose recomputed ops, each counted once, cost more than the cheapest
-    consolidated plan so far cannot beat it (a merge trial simulates the whole
-    program: on ResNet-50, consolidation is half of the planning time)."""
+    consolidated plan so far cannot beat it, and is not consolidated (each merge
+    trial simulates the whole program)."""
     met = [i for i, r in enumerate(results) if r.met]
     if not met:
         return best_of(results)

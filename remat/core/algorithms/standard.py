@@ -11,7 +11,7 @@ growing block size). Unlike XLA's pass:
 * a second run starts at chains of 8 ops, and the cheaper plan that meets the
   limit wins: with one-op chains, a cheap value whose operand is gone cannot be
   rebuilt, so the greedy takes the expensive operand instead (a convolution's
-  output rather than the ReLU after it: 25x the least recompute on a small U-Net);
+  output rather than the ReLU after it), at many times the least recompute;
 * regions that rebuild the same ops are merged where the limit allows.
 """
 
