@@ -34,8 +34,7 @@ selected candidate before then); the estimated bytes during each step and just
 before each rebuild are within the limit. Only steps over the limit get a row,
 and steps with the same coefficients share one row (the tightest). The graph is
 not coarsened: values under ``small_node_bytes`` and fused values are never
-candidates, which is what keeps the program small (candidates grow with the
-values times their readers, not with every op pair). The regions of the ``"path"``
+candidates, which is what keeps the integer program small. The regions of the ``"path"``
 and ``"standard"`` plans are candidates too, so the optimum is never worse than
 theirs under the estimate; and if either met the limit more cheaply than
 anything the solver found (the estimate misjudged, or the time limit stopped
