@@ -16,7 +16,8 @@ Example::
 
     >>> import jax, jax.numpy as jnp, equinox as eqx
     >>> from remat.equinox import filter_checkpoint
-    >>> mlp = eqx.nn.MLP(4, 4, 8, depth=2, activation=jax.nn.gelu, key=jax.random.key(0))
+    >>> mlp = eqx.nn.MLP(4, 4, 8, depth=2, activation=jax.nn.gelu,
+    ...                  key=jax.random.key(0))
     >>> block = filter_checkpoint(mlp)
     >>> grads = eqx.filter_grad(lambda m, x: m(x).sum())(block, jnp.ones(4))
     >>> grads.fun.layers[0].weight.shape == mlp.layers[0].weight.shape   # the wrapper holds mlp

@@ -25,7 +25,8 @@ Example::
     ...         return x
     >>> x = jnp.ones((2, 8))
     >>> params = MLP().init(jax.random.key(0), x)
-    >>> jax.grad(lambda p: MLP().apply(p, x).sum())(params)["params"]["CheckpointDense_0"]["kernel"].shape
+    >>> grads = jax.grad(lambda p: MLP().apply(p, x).sum())(params)
+    >>> grads["params"]["CheckpointDense_0"]["kernel"].shape   # nn.remat's names
     (8, 8)
 """
 

@@ -1,6 +1,8 @@
 """remat.equinox.filter_checkpoint: a drop-in for eqx.filter_checkpoint that saves
 on XLA:CPU what remat.checkpoint saves, with non-array leaves kept static."""
 
+import doctest
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -82,6 +84,12 @@ def test_method_decorator_static_arguments_and_results():
     g = eqx.filter_grad(lambda m: m(x)[0].sum())(m)
     expected = jax.grad(lambda w: (2 * jnp.tanh(x @ w)).sum())(m.w)
     np.testing.assert_allclose(g.w, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_docstring_example():
+    import remat._jax.equinox_adapter as module
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_bad_arguments_are_named():

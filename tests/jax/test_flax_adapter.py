@@ -1,6 +1,8 @@
 """remat.flax.remat: a drop-in for flax.linen.remat that saves on XLA:CPU what
 remat.checkpoint saves, in a Python loop of blocks and inside nn.scan."""
 
+import doctest
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -124,6 +126,12 @@ def test_mutable_collections_are_updated():
     _assert_same(updated, expected)
     assert not any(np.allclose(u, v) for u, v in zip(
         jax.tree.leaves(updated["batch_stats"]), jax.tree.leaves(variables["batch_stats"])))
+
+
+def test_docstring_example():
+    import remat._jax.flax_adapter as module
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_bad_arguments_are_named():
