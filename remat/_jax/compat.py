@@ -1,9 +1,13 @@
 """Every use of JAX internals (``jax._src``) by the checkpoint adapter, in one place.
 
-remat pins jax 0.10.2. The public modules ``jax.interpreters.{ad,batching,mlir,
-partial_eval}`` and ``jax.extend`` expose the rule tables we register into; the
-names below are what they do not expose. When the pinned version moves, this is the
-one file to revisit.
+remat runs on jax 0.10.2 and later releases below 0.12 (pyproject.toml's range).
+0.10.2 is the floor: earlier releases name an effect's input by position only
+(``JaxprInputEffect.input_index``) and lack ``core.positional_effects``,
+``core.eqn_effects(jaxpr, invars)`` and ``mlir.ir_tree_registry``, which the
+primitive, ref and lowering rules use. The public modules
+``jax.interpreters.{ad,batching,mlir,partial_eval}`` and ``jax.extend`` expose the
+rule tables we register into; the names below are what they do not expose. When
+the range moves, this is the one file to revisit.
 """
 
 from __future__ import annotations
