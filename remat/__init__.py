@@ -43,9 +43,9 @@ else:
         if name in _JAX_NAMES:
             raise ImportError(
                 f"remat.{name} needs JAX, which cannot be imported here "
-                f"({_JAX_IMPORT_ERROR}). Install it with `pip install remat` (which "
-                "brings a supported jax and jaxlib) or `pip install 'jax>=0.10.2'`; "
-                "the planning core, remat.core, works without it.")
+                f"({_JAX_IMPORT_ERROR}). Install a supported release with "
+                "`pip install 'jax>=0.10.2,<0.12'` (installing remat with pip does "
+                "it too); the planning core, remat.core, works without it.")
         raise AttributeError(f"module 'remat' has no attribute {name!r}")
 
 __all__ = list(_JAX_NAMES)
