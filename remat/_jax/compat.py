@@ -15,6 +15,7 @@ from jax._src import core as core
 from jax._src import effects as effects
 from jax._src import linear_util as lu
 from jax._src import source_info_util as source_info_util
+from jax._src.config import mutable_array_checks as mutable_array_checks
 from jax._src.ad_checkpoint import name_p as name_p
 from jax._src.ad_util import Zero as Zero
 from jax._src.interpreters import ad as ad

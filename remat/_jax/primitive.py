@@ -285,8 +285,11 @@ def _transposed_jaxpr(jaxpr: core.ClosedJaxpr, in_linear: tuple[bool, ...],
 
     def transposed(*flat):
         nonlinear, nz_cts = flat[:num_nonlinear], iter(flat[num_nonlinear:])
-        known, linear, out_unknowns, res_avals = pe.partial_eval_jaxpr_nounits(
-            jaxpr, list(in_linear), False)
+        # A ref the backward pass writes to (a custom_vjp's residual) crosses from
+        # the recomputation to the backward as a residual: allow it.
+        with compat.mutable_array_checks(False):
+            known, linear, out_unknowns, res_avals = pe.partial_eval_jaxpr_nounits(
+                jaxpr, list(in_linear), False)
         known_outs = core.jaxpr_as_fun(known)(*nonlinear)   # the recomputation
         residuals = known_outs[len(known_outs) - len(res_avals):]
         cts = [Zero(a.to_ct_aval()) if z else next(nz_cts)
@@ -350,7 +353,7 @@ pe.dce_rules[remat_p] = remat_dce
 def remat_discharge(in_avals, out_avals, *args, jaxpr: core.Jaxpr, prevent_cse,
                     **params):
     del out_avals
-    region = refs.purify(jaxpr, discharge_inputs=True)
+    region = refs.purify(jaxpr, discharge_inputs=True, keep_backward_refs=False)
     outs = remat_p.bind(*region.consts, *args, jaxpr=region.jaxpr,
                         prevent_cse=_cse_extend(prevent_cse, len(region.consts), 0),
                         **params)
