@@ -168,16 +168,85 @@ def _purify(jaxpr: core.Jaxpr, discharge_inputs: bool,
 
 
 def _forward_only(closed: core.ClosedJaxpr, positions) -> core.ClosedJaxpr:
-    """``closed`` retraced with the refs at ``positions`` typed as the
-    forward-only kind (JAX's ref avals carry the kind; its partial evaluator reads
-    it from the operand's aval)."""
-    avals = [AbstractRef(a.inner_aval, a.memory_space, kind=_FORWARD_ONLY_KIND)
-             if i in positions else a for i, a in enumerate(closed.in_avals)]
+    """``closed`` with the refs at ``positions`` typed as the forward-only kind,
+    in nested jaxprs too (JAX's ref avals carry the kind; its partial evaluator
+    reads it from each operand's aval, level by level)."""
+    avals = [_forward_only_aval(a) if i in positions else a
+             for i, a in enumerate(closed.in_avals)]
+    nested = _retype_nested(closed.jaxpr, {closed.jaxpr.invars[i] for i in positions})
     dbg = compat.unknown_debug_info(closed.jaxpr)
     jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(compat.lu.wrap_init(
-        lambda *args: core.eval_jaxpr(closed.jaxpr, closed.consts, *args),
+        lambda *args: core.eval_jaxpr(nested, closed.consts, *args),
         debug_info=dbg), avals)
     return core.ClosedJaxpr(jaxpr, consts)
+
+
+def _forward_only_aval(aval: AbstractRef) -> AbstractRef:
+    return AbstractRef(aval.inner_aval, aval.memory_space, kind=_FORWARD_ONLY_KIND)
+
+
+def _retype_nested(jaxpr: core.Jaxpr, targets: set) -> core.Jaxpr:
+    """``jaxpr`` whose equations pass a variable of ``targets`` into a nested
+    jaxpr get that nested jaxpr with the matching argument retyped (recursively).
+    The variables of ``jaxpr`` itself are left alone."""
+    eqns = []
+    for eqn in jaxpr.eqns:
+        hits = {j for j, v in enumerate(eqn.invars)
+                if isinstance(v, core.Var) and v in targets}
+        if hits and any(True for _ in core.jaxprs_in_params(eqn.params)):
+            params = {k: _retype_param(eqn, k, val, hits) for k, val in eqn.params.items()}
+            eqn = eqn.replace(params=params)
+        eqns.append(eqn)
+    return jaxpr.replace(eqns=eqns)
+
+
+def _retype_param(eqn, key, value, hits):
+    if isinstance(value, tuple):
+        return tuple(_retype_param(eqn, key, v, hits) for v in value)
+    if isinstance(value, core.ClosedJaxpr):
+        return core.ClosedJaxpr(_retype_param(eqn, key, value.jaxpr, hits), value.consts)
+    if not isinstance(value, core.Jaxpr):
+        return value
+    inner = _operand_to_argument(eqn, key, len(value.invars))
+    positions = {inner[j] for j in hits if inner.get(j) is not None}
+    return _retype_arguments(value, positions) if positions else value
+
+
+def _operand_to_argument(eqn, key, num_args: int) -> dict[int, int]:
+    """Which argument of the nested jaxpr ``eqn.params[key]`` each operand of
+    ``eqn`` becomes: one to one (calls, ``scan``, ``remat``), after the index
+    (``cond``), or split by constant counts (``while``)."""
+    n = len(eqn.invars)
+    if eqn.primitive.name == "while":
+        nc, nb = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+        if key == "cond_jaxpr":
+            return {j: (j if j < nc else j - nb) for j in range(n)
+                    if j < nc or j >= nc + nb}
+        return {j: j - nc for j in range(nc, n)}
+    if num_args == n:
+        return {j: j for j in range(n)}
+    if num_args == n - 1:
+        return {j: j - 1 for j in range(1, n)}
+    return {}
+
+
+def _retype_arguments(jaxpr: core.Jaxpr, positions: set[int]) -> core.Jaxpr:
+    """``jaxpr`` with its ref arguments at ``positions`` given the forward-only
+    kind: new variables, substituted in its equations and effects."""
+    subst = {jaxpr.invars[i]: core.Var(_forward_only_aval(jaxpr.invars[i].aval))
+             for i in positions if isinstance(jaxpr.invars[i].aval, AbstractRef)}
+    if not subst:
+        return jaxpr
+    jaxpr = _retype_nested(jaxpr, set(subst))
+    swap = lambda v: subst.get(v, v) if isinstance(v, core.Var) else v
+    swap_effects = lambda effs: {
+        e.replace(input_index=subst[e.input_index])
+        if isinstance(getattr(e, "input_index", None), core.Var) and
+        e.input_index in subst else e for e in effs}
+    eqns = [e.replace(invars=[swap(v) for v in e.invars], effects=swap_effects(e.effects))
+            for e in jaxpr.eqns]
+    return jaxpr.replace(invars=[swap(v) for v in jaxpr.invars], eqns=eqns,
+                         effects=swap_effects(jaxpr.effects))
 
 
 def check_effects(jaxpr: core.Jaxpr) -> None:
