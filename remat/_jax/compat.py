@@ -64,10 +64,12 @@ def register_discharge_rule(prim, rule) -> None:
     state_discharge.register_discharge_rule(prim)(from_context)
 
 
-def debug_info(traced_for: str, fun, args, kwargs, static_argnums=()):
+def debug_info(traced_for: str, fun, args, kwargs, static_argnums=(),
+               static_argnames=()):
     """JAX's record of a traced function's name, argument names and source."""
     return api_util.debug_info(traced_for, fun, args, kwargs,
-                               static_argnums=static_argnums)
+                               static_argnums=static_argnums,
+                               static_argnames=static_argnames)
 
 
 def trace_flat(flat_fun, in_avals, dbg):
