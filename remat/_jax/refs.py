@@ -160,9 +160,11 @@ def _purify(jaxpr: core.Jaxpr, discharge_inputs: bool,
     if discharge_inputs and kept:
         closed = _forward_only(closed, kept)
     should = [i in positions for i in range(len(jaxpr.invars))]
-    # lower=False keeps custom_vjp/custom_jvp calls (JAX's default inlines them,
-    # dropping the user's derivative rules, as suits a discharge after AD).
-    pure = state_discharge.discharge_state(closed, should_discharge=should, lower=False)
+    # Before differentiation, lower=False keeps custom_vjp/custom_jvp calls: JAX's
+    # default inlines them, dropping the user's derivative rules, as suits the
+    # discharge at lowering time (after differentiation), where we keep it.
+    pure = state_discharge.discharge_state(closed, should_discharge=should,
+                                           lower=not keep_backward_refs)
     return PureRegion(pe.convert_constvars_jaxpr(pure.jaxpr), list(pure.consts),
                       positions, tuple(i in written for i in positions))
 
