@@ -260,6 +260,27 @@ def check_effects(jaxpr: core.Jaxpr) -> None:
             f"remat.checkpoint cannot differentiate a function with the effect(s) "
             f"{names}: recomputing it would repeat or reorder them. Move the "
             "effectful operation out of the checkpointed function.")
+    if _forward_only_ref_in_while(jaxpr):
+        raise NotImplementedError(
+            "remat.checkpoint cannot differentiate a function that uses, inside a "
+            "lax.while_loop, a ref whose accesses must stay in the forward pass (a "
+            f"ref of kind {_FORWARD_ONLY_KIND!r}, or a ref the function hands to a "
+            "jax.custom_vjp): JAX cannot split such a loop into a forward part and a "
+            "recomputed part. Move the while_loop out of the checkpointed function, "
+            "use lax.fori_loop with static bounds (a scan), or pass "
+            "ref_effects='replay' to let the recomputation repeat the loop's accesses.")
+
+
+def _forward_only_ref_in_while(jaxpr: core.Jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "while" and any(
+                isinstance(v.aval, AbstractRef) and v.aval.kind == _FORWARD_ONLY_KIND
+                for v in eqn.invars):
+            return True
+        if any(_forward_only_ref_in_while(sub)
+               for sub in core.jaxprs_in_params(eqn.params)):
+            return True
+    return False
 
 
 def read(ref) -> Any:

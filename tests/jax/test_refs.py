@@ -349,3 +349,22 @@ def test_custom_vjp_rule_kept_beside_refs(jit):
         args = (jax.new_ref(jnp.float32(1.)),) if args else ()
         want = jax.grad(f)(jnp.float32(0.3), *args)
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_only_ref_in_a_while_loop_is_a_clear_error(kind):
+    # JAX cannot split a while_loop whose body reads a ref that must stay in the
+    # forward pass (it fails an internal assertion for such refs); say so.
+    r = jax.new_ref(jnp.float32(0.5), kind=kind)
+
+    def f(y):
+        n = jax.lax.while_loop(lambda s: s[0] < 3,
+                               lambda s: (s[0] + 1, s[1] + r[...]), (0, 0.))[1]
+        return jnp.sin(_scaled(r, y) * n)
+
+    with pytest.raises(NotImplementedError, match=r"inside a lax.while_loop.*"
+                                                  r"ref_effects='replay'"):
+        jax.grad(remat.checkpoint(f))(jnp.float32(0.7))
+    # Without differentiation nothing is split: the call runs.
+    np.testing.assert_allclose(remat.checkpoint(f)(jnp.float32(0.7)),
+                               np.sin(0.7 * 0.5 * 1.5), rtol=1e-6)
