@@ -368,3 +368,14 @@ def test_forward_only_ref_in_a_while_loop_is_a_clear_error(kind):
     # Without differentiation nothing is split: the call runs.
     np.testing.assert_allclose(remat.checkpoint(f)(jnp.float32(0.7)),
                                np.sin(0.7 * 0.5 * 1.5), rtol=1e-6)
+
+
+def test_saved_residuals_list_the_backward_ref_and_the_saved_read():
+    # The forward read of a backward ref is saved (not re-read), and the ref
+    # itself travels to the backward rule; saved_residuals shows both.
+    r = jax.new_ref(jnp.float32(0.5))
+    f = remat.checkpoint(lambda y: jnp.sin(_scaled(r, jnp.sin(y))))
+    saved = [(aval.str_short(), src) for aval, src in
+             remat.saved_residuals(f, jnp.float32(0.3))]
+    assert ("Ref{float32[]}", "from a constant") in saved
+    assert any(src.startswith("output of get from") for _, src in saved)

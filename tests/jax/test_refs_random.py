@@ -154,14 +154,13 @@ _policies = st.sampled_from([None, remat.checkpoint_policies.everything_saveable
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(program=_programs,
        kinds=st.tuples(*[st.sampled_from([None, "no_grad_no_remat"])] * NUM_REFS),
-       policy=_policies, jit=st.booleans(), ref_effects=st.sampled_from(["once"]))
-def test_random_ref_programs_match_the_plain_program(program, kinds, policy, jit,
-                                                     ref_effects):
+       policy=_policies, jit=st.booleans())
+def test_random_ref_programs_match_the_plain_program(program, kinds, policy, jit):
     try:
         want = _evaluate(program, lambda f: f, kinds, jit)
     except NotImplementedError:
         reject()                  # a program JAX itself cannot differentiate
-    ck = lambda f: remat.checkpoint(f, policy=policy, ref_effects=ref_effects)
+    ck = lambda f: remat.checkpoint(f, policy=policy)
     got = _evaluate(program, ck, kinds, jit)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
