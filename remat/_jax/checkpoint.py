@@ -8,6 +8,7 @@ static arguments) and binds ``remat_p`` on the result; the rules in
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,13 +24,15 @@ _CONCRETIZATION_HINT = (
     "\n\nInside remat.checkpoint the arguments are abstract, so Python control flow "
     "cannot depend on their values. If the value is a configuration (a flag, a "
     "size, a mode), mark that argument static: remat.checkpoint(f, "
-    "static_argnums=(i,)), as with jax.jit. Otherwise use jax.lax.cond / "
+    "static_argnums=(i,)) or static_argnames=('name',), as with jax.jit. "
+    "Otherwise use jax.lax.cond / "
     "jax.lax.while_loop, or compute the value outside and close over it.")
 
 
 def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
                policy: Callable[..., Any] | None = None,
                static_argnums: int | Sequence[int] = (),
+               static_argnames: str | Sequence[str] = (),
                lowering: str | None = None,
                ref_effects: str = "once") -> Callable:
     """Makes ``fun`` recompute its intermediates during differentiation instead of
@@ -44,15 +47,25 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
       policy: which intermediates may be saved anyway, e.g.
         ``remat.checkpoint_policies.dots_saveable``; ``None`` saves only the inputs.
       static_argnums: positional arguments that are Python values (flags, sizes),
-        not arrays; ``fun`` is retraced for each new value.
+        not arrays; ``fun`` is retraced for each new value. Static values need
+        not be hashable: an unhashable one (a dict of settings) is closed over
+        and its trace reused only for the same object.
+      static_argnames: parameters, by name, whose values are static in the same
+        way, whether the call passes them by keyword or by position (a str or
+        a sequence of str; each must name a parameter of ``fun`` unless it takes
+        ``**kwargs``).
       lowering: how the recomputation is protected in the compiled program:
         ``"cond"``, ``"barrier"``, ``"while"``, or ``None`` for the platform's
         default (``"cond"`` on CPU, ``"barrier"`` on GPU/TPU).
       ref_effects: what happens to refs (``jax.new_ref``) that ``fun`` takes as
         arguments or closes over. ``"once"`` (default): their reads and writes
         happen once, in the forward pass; the recomputation starts from the values
-        they held when ``fun`` was entered, in private copies. ``"replay"``: the
-        recomputation reads and writes the refs again, as ``jax.checkpoint`` does.
+        they held when ``fun`` was entered, in private copies. A ref that ``fun``
+        hands to a ``jax.custom_vjp`` is the caller's ref in the backward pass:
+        what the backward rule writes to it lands there, once per backward pass,
+        and forward reads of it are saved, not repeated. ``"replay"``: the
+        recomputation reads and writes the refs again, as ``jax.checkpoint``
+        does; backward-rule writes land in the caller's refs in this mode too.
 
     Returns:
       A function with the same signature and values as ``fun``.
@@ -69,6 +82,8 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
     if not callable(fun):
         raise TypeError(f"remat.checkpoint: fun must be callable, got {fun!r}.")
     static_argnums = _check_static_argnums(static_argnums)
+    static_argnames = _check_static_argnames(static_argnames, fun)
+    name_positions = _positions_of_names(fun, static_argnames)
     prevent_cse = _check_prevent_cse(prevent_cse)
     if lowering is not None and lowering not in STRATEGIES:
         raise ValueError(f"remat.checkpoint: lowering must be one of {STRATEGIES} or "
@@ -83,15 +98,19 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
 
     @functools.wraps(fun)
     def checkpointed(*args, **kwargs):
-        dyn_fun, dyn_args = _split_static(fun, static_argnums, args)
-        flat_args, in_tree = jax.tree_util.tree_flatten((dyn_args, kwargs))
+        positions = _static_positions(static_argnums, name_positions, len(args))
+        dyn_fun, dyn_args, dyn_kwargs = _split_static(fun, positions, static_argnames,
+                                                      args, kwargs)
+        flat_args, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
         in_avals = tuple(core.shaped_abstractify(x) for x in flat_args)
         dbg = compat.debug_info("remat.checkpoint", fun, args, kwargs,
-                                static_argnums=tuple(static_argnums))
+                                static_argnums=tuple(sorted(positions)),
+                                static_argnames=tuple(k for k in kwargs
+                                                      if k in static_argnames))
         jaxpr, consts, out_tree = _trace(dyn_fun, in_tree, in_avals,
                                          refs.ref_kinds(in_avals), dbg)
-        cse = _flat_prevent_cse(prevent_cse, len(consts), dyn_args, kwargs,
-                                static_argnums, len(args))
+        cse = _flat_prevent_cse(prevent_cse, len(consts), dyn_args, dyn_kwargs,
+                                positions, len(args))
         params = dict(differentiated=False, policy=policy, lowering=lowering, num_late=0)
         if refs.needs_purify(jaxpr, ref_effects):
             outs = _bind_pure(jaxpr, [*consts, *flat_args], cse, params,
@@ -107,11 +126,12 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
 def remat(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
           policy: Callable[..., Any] | None = None,
           static_argnums: int | Sequence[int] = (),
+          static_argnames: str | Sequence[str] = (),
           lowering: str | None = None, ref_effects: str = "once") -> Callable:
     """Alias of :func:`checkpoint`."""
     return checkpoint(fun, prevent_cse=prevent_cse, policy=policy,
-                      static_argnums=static_argnums, lowering=lowering,
-                      ref_effects=ref_effects)
+                      static_argnums=static_argnums, static_argnames=static_argnames,
+                      lowering=lowering, ref_effects=ref_effects)
 
 
 def _bind_pure(jaxpr: core.Jaxpr, args: list[Any], prevent_cse, params,
@@ -165,6 +185,60 @@ def _check_static_argnums(static_argnums) -> tuple[int, ...]:
         f"(positions of positional arguments), got {static_argnums!r}.")
 
 
+def _check_static_argnames(static_argnames, fun) -> frozenset[str]:
+    """The names as a set, each checked to name a parameter ``fun`` can take by
+    keyword (any name, if ``fun`` takes ``**kwargs`` or has no signature)."""
+    names = ((static_argnames,) if isinstance(static_argnames, str) else
+             tuple(static_argnames) if isinstance(
+                 static_argnames, (tuple, list, set, frozenset)) else None)
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise TypeError(
+            "remat.checkpoint: static_argnames must be a str or a sequence of str "
+            f"(parameter names), got {static_argnames!r}.")
+    params = _parameters(fun)
+    if params is None or any(p.kind is p.VAR_KEYWORD for p in params):
+        return frozenset(names)
+    by_name = {p.name: p for p in params}
+    unknown = sorted(n for n in names if n not in by_name or
+                     by_name[n].kind in (by_name[n].POSITIONAL_ONLY,
+                                         by_name[n].VAR_POSITIONAL))
+    if unknown:
+        takes = ", ".join(p.name for p in params
+                          if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        raise ValueError(
+            f"remat.checkpoint: invalid argnames {unknown} in static_argnames: "
+            f"{getattr(fun, '__name__', repr(fun))} takes no argument of that name by "
+            f"keyword (it takes: {takes or 'none'}). Name its parameters, or mark "
+            "positional-only ones with static_argnums.")
+    return frozenset(names)
+
+
+def _parameters(fun):
+    try:
+        return list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def _positions_of_names(fun, names: frozenset[str]) -> dict[int, str]:
+    """Positions at which a call may pass the parameters in ``names``."""
+    params = _parameters(fun) or []
+    return {i: p.name for i, p in enumerate(params)
+            if p.kind is p.POSITIONAL_OR_KEYWORD and p.name in names}
+
+
+def _static_positions(static_argnums, name_positions, nargs: int) -> frozenset[int]:
+    for i in static_argnums:
+        if not -nargs <= i < nargs:
+            raise ValueError(
+                f"remat.checkpoint: static_argnums contains {i}, but the function was "
+                f"called with {nargs} positional argument(s), so valid positions are "
+                f"{-nargs}..{nargs - 1}. Pass static values positionally, or name "
+                "them in static_argnames.")
+    return frozenset([i % nargs for i in static_argnums] +
+                     [i for i in name_positions if i < nargs])
+
+
 def _check_prevent_cse(prevent_cse):
     if isinstance(prevent_cse, bool):
         return prevent_cse
@@ -175,11 +249,9 @@ def _check_prevent_cse(prevent_cse):
                     f"(one per positional argument), got {prevent_cse!r}.")
 
 
-def _flat_prevent_cse(prevent_cse, num_consts, dyn_args, kwargs, static_argnums,
-                      nargs):
+def _flat_prevent_cse(prevent_cse, num_consts, dyn_args, kwargs, static, nargs):
     if isinstance(prevent_cse, bool):
         return prevent_cse
-    static = {i % nargs for i in static_argnums}
     per_arg = [(i, p) for i, p in enumerate(prevent_cse) if i not in static]
     if len(per_arg) != len(dyn_args):
         raise ValueError(
@@ -231,38 +303,36 @@ class _Static:
         return self.value is other.value
 
 
-def _split_static(fun, static_argnums, args):
-    if not static_argnums:
-        return fun, args
-    nargs = len(args)
-    for i in static_argnums:
-        if not -nargs <= i < nargs:
-            raise ValueError(
-                f"remat.checkpoint: static_argnums contains {i}, but the function was "
-                f"called with {nargs} positional argument(s), so valid positions are "
-                f"{-nargs}..{nargs - 1}. Pass static values positionally, or fix "
-                "static_argnums.")
-    static = frozenset(i % nargs for i in static_argnums)
-    for i in static:
-        if isinstance(args[i], core.Tracer):
+def _split_static(fun, static: frozenset[int], static_names: frozenset[str],
+                  args, kwargs):
+    """``fun`` with its static arguments bound, and the dynamic arguments left."""
+    static_kw = sorted(k for k in kwargs if k in static_names)
+    if not static and not static_kw:
+        return fun, args, kwargs
+    for where, value in ([(f"argument {i}", args[i]) for i in sorted(static)] +
+                         [(f"argument {k!r}", kwargs[k]) for k in static_kw]):
+        if isinstance(value, core.Tracer):
             raise TypeError(
-                f"remat.checkpoint: argument {i} is marked static but is a traced array "
-                f"({args[i].aval.str_short()}); static arguments must be Python values "
-                "(remove it from static_argnums, or pass a concrete value).")
+                f"remat.checkpoint: {where} is marked static but is a traced array "
+                f"({value.aval.str_short()}); static arguments must be Python values "
+                "(remove it from static_argnums/static_argnames, or pass a concrete "
+                "value).")
     statics = tuple(_Static(args[i]) for i in sorted(static))
+    kw_statics = tuple((k, _Static(kwargs[k])) for k in static_kw)
     dyn_args = tuple(a for i, a in enumerate(args) if i not in static)
-    return _with_statics(fun, static, statics, nargs), dyn_args
+    dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static_names}
+    return _with_statics(fun, static, statics, len(args), kw_statics), dyn_args, dyn_kwargs
 
 
 @compat.weakref_lru_cache
 def _with_statics(fun, static: frozenset[int], statics: tuple[_Static, ...],
-                  nargs: int):
+                  nargs: int, kw_statics: tuple[tuple[str, _Static], ...]):
     """``fun`` with its static arguments bound; cached so tracing is cached too."""
     def dyn_fun(*dyn_args, **kwargs):
         static_iter, dyn_iter = iter(statics), iter(dyn_args)
         full = [next(static_iter).value if i in static else next(dyn_iter)
                 for i in range(nargs)]
-        return fun(*full, **kwargs)
+        return fun(*full, **kwargs, **{k: v.value for k, v in kw_statics})
     return dyn_fun
 
 
@@ -276,6 +346,7 @@ def _trace(fun, in_tree, in_avals, ref_kinds, dbg):
     def flat_fun(*flat):
         args, kwargs = jax.tree_util.tree_unflatten(in_tree, flat)
         out = fun(*args, **kwargs)
+        _check_outputs(out, dbg)
         flat_out, out_tree = jax.tree_util.tree_flatten(out)
         out_tree_cell.append(out_tree)
         return flat_out
@@ -286,3 +357,17 @@ def _trace(fun, in_tree, in_avals, ref_kinds, dbg):
         e.args = (e.args[0] + _CONCRETIZATION_HINT,) + e.args[1:]
         raise
     return jaxpr, consts, out_tree_cell[0]
+
+
+def _check_outputs(out, dbg) -> None:
+    """Raises a TypeError naming the first output leaf that is not a JAX value."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
+        try:
+            core.shaped_abstractify(leaf)
+        except TypeError:
+            where = f" at output {jax.tree_util.keystr(path)}" if path else ""
+            raise TypeError(
+                f"remat.checkpoint: the function {dbg.func_src_info} returned a value "
+                f"of type {type(leaf).__name__}{where} ({leaf!r:.60}), which is not a "
+                "valid JAX type. A checkpointed function must return arrays, "
+                "scalars, or pytrees of them (None is an empty pytree).") from None

@@ -19,6 +19,7 @@ from jax._src import core as core
 from jax._src import effects as effects
 from jax._src import linear_util as lu
 from jax._src import source_info_util as source_info_util
+from jax._src.config import mutable_array_checks as mutable_array_checks
 from jax._src.ad_checkpoint import name_p as name_p
 from jax._src.ad_util import Zero as Zero
 from jax._src.interpreters import ad as ad
@@ -67,10 +68,12 @@ def register_discharge_rule(prim, rule) -> None:
     state_discharge.register_discharge_rule(prim)(from_context)
 
 
-def debug_info(traced_for: str, fun, args, kwargs, static_argnums=()):
+def debug_info(traced_for: str, fun, args, kwargs, static_argnums=(),
+               static_argnames=()):
     """JAX's record of a traced function's name, argument names and source."""
     return api_util.debug_info(traced_for, fun, args, kwargs,
-                               static_argnums=static_argnums)
+                               static_argnums=static_argnums,
+                               static_argnames=static_argnames)
 
 
 def trace_flat(flat_fun, in_avals, dbg):

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-import numpy as np
+import jax.numpy as jnp
 
 from remat._jax import compat, refs
 from remat._jax.compat import AbstractRef, ad, batching, core, pe, Zero
@@ -133,35 +133,46 @@ def _split_with_policy(jaxpr: core.Jaxpr, in_unknowns: Sequence[bool], policy):
 
 
 def _round_residuals(jaxpr: core.Jaxpr, num_res: int) -> core.Jaxpr:
-    """Rounds each floating residual to its dtype right where it is produced.
+    """Rounds each floating residual to its dtype right where it is produced (or,
+    for a residual that is an input, where it enters), so every use sees the
+    rounded value.
 
     XLA may keep a value in higher precision than its dtype (e.g. bf16 math in f32)
     when it never touches memory. A saved residual does touch memory, so without
-    this the forward pass and the recomputation could see different values.
+    this the forward pass and the recomputation could see different values. Types
+    are judged with ``jax.numpy``'s dtype rules: ``bfloat16`` and the float8 types
+    are floating there, not in NumPy's.
     """
     res_vars = set(v for v in jaxpr.outvars[len(jaxpr.outvars) - num_res:]
-                   if isinstance(v, core.Var))
-    eqns = []
+                   if isinstance(v, core.Var) and _is_float(v.aval))
+    eqns, invars = [], list(jaxpr.invars)
+    for i, v in enumerate(jaxpr.invars):
+        if v in res_vars:
+            invars[i] = core.Var(v.aval)
+            eqns.append(_rounding_eqn(invars[i], v, None))
     for eqn in jaxpr.eqns:
-        to_round = [v for v in eqn.outvars if v in res_vars and _is_float(v.aval)
+        to_round = [v for v in eqn.outvars if v in res_vars
                     and not (eqn.primitive is compat.reduce_precision_p)]
         if not to_round:
             eqns.append(eqn)
             continue
         renamed = {v: core.Var(v.aval) for v in to_round}
         eqns.append(eqn.replace(outvars=[renamed.get(v, v) for v in eqn.outvars]))
-        for v, raw in renamed.items():
-            info = np.finfo(v.aval.dtype)
-            eqns.append(core.new_jaxpr_eqn(
-                [raw], [v], compat.reduce_precision_p,
-                dict(exponent_bits=info.nexp, mantissa_bits=info.nmant), set(),
-                eqn.source_info, eqn.ctx))
-    return jaxpr.replace(eqns=eqns)
+        eqns += [_rounding_eqn(raw, v, eqn) for v, raw in renamed.items()]
+    return jaxpr.replace(invars=invars, eqns=eqns)
+
+
+def _rounding_eqn(raw: core.Var, rounded: core.Var, producer) -> core.JaxprEqn:
+    info = jnp.finfo(rounded.aval.dtype)
+    where = ((producer.source_info, producer.ctx) if producer is not None else ())
+    return core.new_jaxpr_eqn(
+        [raw], [rounded], compat.reduce_precision_p,
+        dict(exponent_bits=info.nexp, mantissa_bits=info.nmant), set(), *where)
 
 
 def _is_float(aval) -> bool:
     return (isinstance(aval, core.ShapedArray) and
-            np.issubdtype(aval.dtype, np.floating) and aval.dtype.itemsize > 0)
+            jnp.issubdtype(aval.dtype, jnp.floating) and aval.dtype.itemsize > 0)
 
 
 # Tracer-level rule (jax.grad / jax.vjp / jax.linearize). Takes the JaxprTrace and
@@ -274,8 +285,11 @@ def _transposed_jaxpr(jaxpr: core.ClosedJaxpr, in_linear: tuple[bool, ...],
 
     def transposed(*flat):
         nonlinear, nz_cts = flat[:num_nonlinear], iter(flat[num_nonlinear:])
-        known, linear, out_unknowns, res_avals = pe.partial_eval_jaxpr_nounits(
-            jaxpr, list(in_linear), False)
+        # A ref the backward pass writes to (a custom_vjp's residual) crosses from
+        # the recomputation to the backward as a residual: allow it.
+        with compat.mutable_array_checks(False):
+            known, linear, out_unknowns, res_avals = pe.partial_eval_jaxpr_nounits(
+                jaxpr, list(in_linear), False)
         known_outs = core.jaxpr_as_fun(known)(*nonlinear)   # the recomputation
         residuals = known_outs[len(known_outs) - len(res_avals):]
         cts = [Zero(a.to_ct_aval()) if z else next(nz_cts)
@@ -339,7 +353,7 @@ pe.dce_rules[remat_p] = remat_dce
 def remat_discharge(in_avals, out_avals, *args, jaxpr: core.Jaxpr, prevent_cse,
                     **params):
     del out_avals
-    region = refs.purify(jaxpr, discharge_inputs=True)
+    region = refs.purify(jaxpr, discharge_inputs=True, keep_backward_refs=False)
     outs = remat_p.bind(*region.consts, *args, jaxpr=region.jaxpr,
                         prevent_cse=_cse_extend(prevent_cse, len(region.consts), 0),
                         **params)

@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 
+from remat._jax import compat
 from remat._jax.compat import core, debug_info, name_p, reduce_precision_p, source_info_util
 
 
@@ -63,8 +64,10 @@ def saved_residuals(fun: Callable, *args: Any, **kwargs: Any
         a, k = jax.tree_util.tree_unflatten(in_tree, flat)
         return fun(*a, **k)
 
-    closed, out_shape = jax.make_jaxpr(lambda *xs: jax.vjp(flat_fun, *xs),
-                                       return_shape=True)(*flat_args)
+    # A ref handed to a custom_vjp's backward rule is itself a residual.
+    with compat.mutable_array_checks(False):
+        closed, out_shape = jax.make_jaxpr(lambda *xs: jax.vjp(flat_fun, *xs),
+                                           return_shape=True)(*flat_args)
     num_res = len(jax.tree_util.tree_leaves(out_shape[1]))
     jaxpr = closed.jaxpr
     res_jaxpr = jaxpr.replace(outvars=jaxpr.outvars[len(jaxpr.outvars) - num_res:])

@@ -120,6 +120,99 @@ def test_hashable_static_args_cached_by_value_and_type():
     assert traces == 3
 
 
+# ----------------------------------------------------------- static_argnames
+
+def layer(x, mode="sin", *, n=1):
+    for _ in range(n):
+        x = jnp.sin(x) if mode == "sin" else jnp.cos(x)
+    return x
+
+
+@pytest.mark.parametrize("names", [("mode", "n"), ["n", "mode"], {"n", "mode"}])
+def test_static_argnames_by_keyword_and_position(names):
+    ck = remat.checkpoint(layer, static_argnames=names)
+    x = jnp.float32(0.3)
+    for call in [lambda f, x: f(x, mode="cos", n=2), lambda f, x: f(x, "cos", n=2),
+                 lambda f, x: f(x, "sin")]:
+        np.testing.assert_allclose(call(ck, x), call(layer, x), rtol=1e-6)
+        np.testing.assert_allclose(jax.grad(lambda x: call(ck, x))(x),
+                                   jax.grad(lambda x: call(layer, x))(x), rtol=1e-6)
+
+
+def test_static_argnums_and_argnames_together():
+    ck = remat.checkpoint(layer, static_argnums=1, static_argnames="n")
+    x = jnp.float32(0.3)
+    for mode, n in [("cos", 2), ("sin", 3)]:
+        want = jax.grad(lambda x: layer(x, mode, n=n))(x)
+        np.testing.assert_allclose(jax.grad(lambda x: ck(x, mode, n=n))(x), want,
+                                   rtol=1e-6)
+        np.testing.assert_allclose(jax.jit(jax.grad(lambda x: ck(x, mode, n=n)))(x),
+                                   want, rtol=1e-6)
+
+
+def test_unhashable_static_argname_closed_over_by_identity():
+    traces = 0
+
+    def f(x, *, cfg):
+        nonlocal traces
+        traces += 1
+        return jnp.sin(x) * cfg["scale"] if cfg["act"] == "sin" else x
+
+    ck = remat.checkpoint(f, static_argnames="cfg")
+    cfg = {"scale": 3., "act": "sin"}
+    assert jax.grad(ck)(0., cfg=cfg) == 3.
+    assert jax.grad(ck)(0., cfg=cfg) == 3.
+    assert traces == 1
+    assert ck(0., cfg={"scale": 3., "act": "id"}) == 0.
+    assert traces == 2
+
+
+def test_static_argnames_with_var_keyword_take_any_name():
+    ck = remat.checkpoint(lambda x, **kw: x * kw["a"] if kw["on"] else x,
+                          static_argnames=("a", "on"))
+    assert jax.grad(ck)(1., a=2., on=True) == 2.
+
+
+@pytest.mark.parametrize("bad", [1, (1,), ("mode", 2), None, b"mode"])
+def test_static_argnames_wrong_type(bad):
+    with pytest.raises(TypeError, match=r"static_argnames must be a str or a "
+                                        r"sequence of str .*got"):
+        remat.checkpoint(layer, static_argnames=bad)
+
+
+@pytest.mark.parametrize("fun, bad", [(layer, "nope"), (layer, ("n", "modes")),
+                                      (lambda x, m, /: x, "m")])
+def test_static_argnames_not_a_parameter(fun, bad):
+    with pytest.raises(ValueError, match=r"invalid argnames \['(nope|modes|m)'\] in "
+                                         r"static_argnames.*takes no argument of that "
+                                         r"name"):
+        remat.checkpoint(fun, static_argnames=bad)
+
+
+def test_traced_value_as_static_argname():
+    ck = remat.checkpoint(layer, static_argnames="n")
+    with pytest.raises(TypeError, match=r"argument 'n' is marked static but is a "
+                                        r"traced array"):
+        jax.jit(lambda n: ck(1., n=n))(2)
+
+
+# ---------------------------------------------------------------- outputs
+
+@pytest.mark.parametrize("out, where", [
+    (lambda x: "hello", r"type str \('hello'\)"),
+    (lambda x: (x, "s"), r"type str at output \[1\]"),
+    (lambda x: {"a": x, "b": object()}, r"type object at output \['b'\]")])
+def test_non_array_output_is_named(out, where):
+    with pytest.raises(TypeError, match=r"remat.checkpoint: the function <lambda> at "
+                                        rf".*returned a value of {where}.*not a valid JAX "
+                                        r"type.*arrays, scalars, or pytrees"):
+        remat.checkpoint(out)(1.)
+
+
+def test_none_output_is_an_empty_pytree():
+    assert remat.checkpoint(lambda x: (x, None))(1.) == (1., None)
+
+
 def test_no_retracing_for_same_shapes():
     traces = 0
 

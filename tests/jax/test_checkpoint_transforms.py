@@ -532,6 +532,42 @@ def test_bfloat16_residuals():
           expected.astype(jnp.float32), rtol=1e-2, atol=1e-2)
 
 
+def _excess_precision_program(ck):
+    """A bf16 product whose exact value is not a bf16 number, saved by a custom_vjp
+    whose backward returns the saved value: forward and backward must agree."""
+    @jax.custom_vjp
+    def square(x):
+        return jnp.dot(x, x)
+    square.defvjp(lambda x: (square(x), None), lambda _, g: (g,))
+
+    @jax.custom_vjp
+    def widen(x):
+        return jnp.float32(1.) * x.astype(jnp.float32)
+    widen.defvjp(lambda x: (widen(x), x),
+                 lambda x, _: (jnp.float32(1.) * x.astype(jnp.float32),))
+
+    return jax.jit(ck(lambda x: widen(square(x)),
+                      policy=remat.checkpoint_policies.everything_saveable))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_low_precision_residuals_are_rounded_in_both_passes(dtype):
+    # (1 + eps)^2 is not representable; XLA may keep it wider when it stays in
+    # registers. The saved value, its forward use and the backward's copy of it
+    # must all be the rounded one, bit for bit, as with jax.checkpoint.
+    x = (dtype(1) + jnp.finfo(dtype).eps) * jnp.eye(2, dtype=dtype)
+    results = {}
+    for name, ck in [("remat", remat.checkpoint), ("jax", jax.checkpoint)]:
+        y, vjp = jax.vjp(_excess_precision_program(ck), x)
+        results[name] = (np.asarray(y), np.asarray(vjp(jnp.ones_like(y))[0]))
+    y, ct = results["remat"]
+    np.testing.assert_array_equal(y, ct.astype(np.float32))
+    np.testing.assert_array_equal(y, results["jax"][0])
+    np.testing.assert_array_equal(ct, results["jax"][1])
+    if dtype == jnp.bfloat16:
+        assert y[0, 0] == 1.015625
+
+
 @pytest.mark.parametrize("lowering", LOWERINGS)
 def test_effects_inside_checkpoint(lowering, capfd):
     def f(x):
