@@ -213,14 +213,19 @@ def _lower_gate(ctx, jaxpr, args, protect: Sequence[bool], num_late: int):
     conditional's branch with a slow generic kernel). Falls back to ``"cond"``
     where there is nothing to gate on or nothing to gate, or where the body has
     ordered effects (the conditional threads their tokens).
+
+    Every protected input is gated, a block's weights too, though gating the
+    activation alone would already make ``conv(x, w)`` new: an ungated input lets
+    XLA compute what depends on it alone (the layout copies the backward's
+    convolutions read) in the forward pass and hold it until the backward, which
+    cost more memory than the weights' copies on every conv net measured.
     """
     n_early = len(args) - num_late
     late = [_first_element_f32(a, x) for a, x in
             zip(ctx.avals_in[n_early:], args[n_early:]) if _readable(a, x)]
-    early = _inputs_to_gate(jaxpr, [
-        i < n_early and bool(protect[i]) and isinstance(a, core.ShapedArray) and
-        not isinstance(x, (list, tuple)) for i, (a, x) in enumerate(zip(ctx.avals_in, args))],
-        n_early)
+    early = [i for i in range(n_early) if protect[i] and
+             isinstance(ctx.avals_in[i], core.ShapedArray) and
+             not isinstance(args[i], (list, tuple))]
     if not late or not early or _ordered_effects(jaxpr):
         return _lower_cond(ctx, jaxpr, args)
     total = late[0]
@@ -235,51 +240,6 @@ def _lower_gate(ctx, jaxpr, args, protect: Sequence[bool], num_late: int):
     outs, tokens = _inline(ctx, jaxpr, args, ctx.tokens_in)
     ctx.set_tokens_out(tokens)
     return outs
-
-
-#: Ops that only move or relabel data: XLA fuses them into their readers or turns
-#: them into bitcasts, so one merged with its forward twin holds nothing extra.
-_MOVES = frozenset({"transpose", "reshape", "squeeze", "expand_dims",
-                    "broadcast_in_dim", "convert_element_type", "reduce_precision",
-                    "copy", "copy_p", "slice", "rev"})
-
-
-def _inputs_to_gate(jaxpr: core.Jaxpr, gateable: Sequence[bool], n_early: int
-                    ) -> list[int]:
-    """The early inputs to gate: few, but every op of the recomputation that
-    computes (not one of ``_MOVES``) reads one of them, directly or not.
-
-    The recomputation is every equation that does not depend on a late input.
-    Each input gated costs a copy for the region's duration, so rather than gating
-    every input (a block's weights, read by its forward pass too, would be copied
-    for nothing: gating the activation already covers ``x @ w``), inputs are chosen
-    greedily, the one read by the most still-uncovered ops first. An op that reads
-    only ungated inputs would be merged with the forward pass; one that reads only
-    a weight (weight normalization, say) gets that weight gated. When nothing in
-    the recomputation computes, every gateable input is gated.
-    """
-    reads: dict = {v: frozenset({i}) for i, v in enumerate(jaxpr.invars) if gateable[i]}
-    late = set(jaxpr.invars[n_early:])
-    needs = []
-    for eqn in jaxpr.eqns:
-        ins = [v for v in eqn.invars if isinstance(v, core.Var)]
-        if any(v in late for v in ins):
-            late.update(eqn.outvars)
-            continue
-        deps = frozenset().union(*(reads.get(v, ()) for v in ins))
-        reads.update((v, deps) for v in eqn.outvars)
-        if deps and eqn.primitive.name not in _MOVES:
-            needs.append(deps)
-    if not needs:
-        return [i for i, g in enumerate(gateable) if g]
-    chosen: set[int] = set()
-    while uncovered := [d for d in needs if not d & chosen]:
-        counts: dict[int, int] = {}
-        for d in uncovered:
-            for i in d:
-                counts[i] = counts.get(i, 0) + 1
-        chosen.add(max(sorted(counts), key=counts.__getitem__))
-    return sorted(chosen)
 
 
 def _subcomp(ctx, closed: core.ClosedJaxpr, args):
