@@ -23,7 +23,6 @@ iterations of a partly unrolled one; a loop of one trip is removed by XLA. In
 those cases the forward and the recomputation can meet, and the flag stays as the
 surrounding loop (if any) set it.
 
->>> import jax, jax.numpy as jnp
 >>> loop_separates(dict(length=8, unroll=1)), loop_separates(dict(length=8, unroll=8))
 (True, False)
 """

@@ -111,3 +111,10 @@ def test_jaxpr_level_split_of_a_scan():
     np.testing.assert_allclose(jax.jit(jax.grad(loss))(*args),
                                jax.grad(_scanned(lambda f: f))(*args),
                                rtol=1e-5, atol=1e-7)
+
+
+def test_docstring_examples():
+    import doctest
+    from remat._jax import loops
+    result = doctest.testmod(loops)
+    assert result.failed == 0 and result.attempted > 0
