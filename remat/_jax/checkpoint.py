@@ -55,8 +55,8 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
         a sequence of str; each must name a parameter of ``fun`` unless it takes
         ``**kwargs``).
       lowering: how the recomputation is protected in the compiled program:
-        ``"cond"``, ``"barrier"``, ``"while"``, or ``None`` for the platform's
-        default (``"cond"`` on CPU, ``"barrier"`` on GPU/TPU).
+        ``"gate"``, ``"cond"``, ``"barrier"``, ``"while"``, or ``None`` for the
+        platform's default (``"gate"`` on CPU, ``"barrier"`` on GPU/TPU).
       ref_effects: what happens to refs (``jax.new_ref``) that ``fun`` takes as
         arguments or closes over. ``"once"`` (default): their reads and writes
         happen once, in the forward pass; the recomputation starts from the values

@@ -4,8 +4,16 @@ A forward-only region (``differentiated=False``) is inlined. A differentiated
 region holds a recomputation together with the backward pass that consumes it and
 takes the incoming cotangents as operands. Two compiler passes can undo it:
 scheduling may run the recomputation early (it only depends on saved values), and
-CSE may merge it with the identical forward computation. Three strategies stop them:
+CSE may merge it with the identical forward computation. Four strategies stop them:
 
+- ``"gate"``: the body is inlined, but every protected input of the recomputation
+  enters it through ``select(gate == 0, x, 0)``, where ``gate`` is computed from an
+  opaque always-true predicate (``rng_uniform(0, 1) < 2``) and one element of
+  every cotangent: the same bits as ``x`` at run time, but a value the forward pass
+  never had (nothing to merge with) that exists only once the cotangents do
+  (nothing to run early). No control flow: the body is compiled like the rest of
+  the program. Regions without a cotangent to read, without a protected input, or
+  with ordered effects fall back to ``"cond"`` (see ``_lower_gate``).
 - ``"barrier"``: an ``optimization_barrier`` on the region's inputs, as
   ``jax.checkpoint`` does. XLA:GPU and XLA:TPU honour it; XLA:CPU removes barriers
   early and then merges the recomputation back (no memory saved there).
@@ -13,14 +21,16 @@ CSE may merge it with the identical forward computation. Three strategies stop t
   ``rng_uniform(0, 1) < 2``: always true, but the compiler cannot prove it, and no
   data (NaN, Inf) can flip it. Nothing moves in or out of a branch, and a branch
   cannot start before all its operands (the cotangents) exist. The other branch
-  returns zeros. Where the region's backward holds convolutions, which XLA:CPU
-  runs with a slow generic kernel inside a branch, only the recomputation goes in
-  the conditional, gated on a cotangent (see ``_lower_gated``).
+  returns zeros. XLA:CPU runs convolutions inside a branch with a slow generic
+  kernel, so where the region's backward holds convolutions, only the
+  recomputation goes in the conditional, gated on a cotangent (``_lower_gated``).
 - ``"while"``: the region is the body of a loop that runs once, its trip count
   hidden behind the same opaque random value.
 
-The default is ``"cond"`` on CPU (the only strategy that saves memory there) and
-``"barrier"`` elsewhere (no control flow on the hot path of GPU/TPU programs).
+The default is ``"gate"`` on CPU and ``"barrier"`` elsewhere (no extra work on the
+hot path of GPU/TPU programs). A region whose recomputation partial evaluation
+placed in a loop of its own (a ``lax.scan`` body, ``loops.py``) arrives here with
+``prevent_cse=False`` and is inlined: the loop already keeps the passes apart.
 """
 
 from __future__ import annotations
@@ -32,8 +42,8 @@ import numpy as np
 from remat._jax.compat import core, effects, hlo, ir, mlir, pe
 from remat._jax.primitive import remat_p
 
-STRATEGIES = ("barrier", "cond", "while")
-_PLATFORM_DEFAULTS = {"cpu": "cond"}
+STRATEGIES = ("barrier", "cond", "gate", "while")
+_PLATFORM_DEFAULTS = {"cpu": "gate"}
 _OTHER_PLATFORMS_DEFAULT = "barrier"
 
 
@@ -41,7 +51,7 @@ def default_strategy(platform: str) -> str:
     """The lowering strategy used on ``platform`` when ``lowering=None``.
 
     >>> default_strategy("cpu")
-    'cond'
+    'gate'
     """
     return _PLATFORM_DEFAULTS.get(platform, _OTHER_PLATFORMS_DEFAULT)
 
@@ -109,26 +119,6 @@ def _lower_cond(ctx, jaxpr, args):
     return results[len(ordered):]
 
 
-def _gateable(aval, arg) -> bool:
-    """Whether a gate can read a scalar from this input (floating, with elements)."""
-    return (isinstance(aval, core.ShapedArray) and aval.size > 0 and
-            np.issubdtype(aval.dtype, np.floating) and not isinstance(arg, (list, tuple)))
-
-
-def _gate_values(avals, args) -> list[ir.Value]:
-    """One scalar f32 read from each gateable input."""
-    gates = []
-    for aval, arg in zip(avals, args):
-        if _gateable(aval, arg):
-            rank = len(aval.shape)
-            one = hlo.slice(arg, mlir.dense_int_array([0] * rank),
-                            mlir.dense_int_array([1] * rank), mlir.dense_int_array([1] * rank))
-            scalar = hlo.reshape(ir.RankedTensorType.get([], ir.RankedTensorType(
-                one.type).element_type), one)
-            gates.append(hlo.convert(ir.RankedTensorType.get([], ir.F32Type.get()), scalar))
-    return gates
-
-
 #: Ops XLA:CPU runs with a slow generic kernel inside nested computations (a
 #: conditional's branch): backward convolutions, measured 25-40x slower there.
 _SLOW_NESTED = frozenset({"conv_general_dilated"})
@@ -160,7 +150,7 @@ def _lower_gated(ctx, jaxpr, args, num_late: int):
     """
     n_early = len(args) - num_late
     late_avals, late_args = ctx.avals_in[n_early:], args[n_early:]
-    if (not any(map(_gateable, late_avals, late_args)) or
+    if (not any(map(_readable, late_avals, late_args)) or
         _ordered_effects(jaxpr)):
         return _lower_cond(ctx, jaxpr, args)
     known, rest, out_unknowns, _ = pe.partial_eval_jaxpr_nounits(
@@ -168,7 +158,8 @@ def _lower_gated(ctx, jaxpr, args, num_late: int):
     if not known.jaxpr.eqns or not _reads_slow_nested(rest.jaxpr):
         return _lower_cond(ctx, jaxpr, args)
     pred = _always_true()
-    for gate in _gate_values(late_avals, late_args):
+    for gate in [_first_element_f32(a, x) for a, x in zip(late_avals, late_args)
+                 if _readable(a, x)]:
         pred = hlo.or_(pred, mlir.compare_hlo(gate, gate, "NE"))
     known_avals = known.out_avals
     flat_types, treedef = mlir.ir_tree_registry.flatten(
@@ -186,6 +177,69 @@ def _lower_gated(ctx, jaxpr, args, num_late: int):
     late_outs = iter(_subcomp(ctx, rest, [*known_outs[num_known:], *args[n_early:]]))
     early_outs = iter(known_outs[:num_known])
     return [next(late_outs) if uk else next(early_outs) for uk in out_unknowns]
+
+
+def _readable(aval, arg) -> bool:
+    """Whether one element of this input can be read as a number."""
+    return (isinstance(aval, core.ShapedArray) and aval.size > 0 and
+            not isinstance(arg, (list, tuple)) and
+            (np.issubdtype(aval.dtype, np.number) or aval.dtype == np.bool_))
+
+
+def _first_element_f32(aval, arg) -> ir.Value:
+    """``arg.ravel()[0]`` as an f32 scalar (the real part of a complex one)."""
+    rank = len(aval.shape)
+    one = hlo.slice(arg, mlir.dense_int_array([0] * rank),
+                    mlir.dense_int_array([1] * rank), mlir.dense_int_array([1] * rank))
+    elem_type = ir.RankedTensorType(one.type).element_type
+    scalar = hlo.reshape(ir.RankedTensorType.get([], elem_type), one)
+    if np.issubdtype(aval.dtype, np.complexfloating):
+        scalar = hlo.real(scalar)
+    return hlo.convert(ir.RankedTensorType.get([], ir.F32Type.get()), scalar)
+
+
+def _lower_gate(ctx, jaxpr, args, protect: Sequence[bool], num_late: int):
+    """The region inline, its recomputation gated on every late input.
+
+    ``gate = select(u < 2, 0, c1 + c2 + ...)`` with ``u`` opaque and ``ci`` the
+    first element of each late input (the cotangents) is 0 at run time, whatever
+    the data (NaN and Inf included), but no compiler pass can prove it. Each
+    protected early input ``x`` (what the recomputation starts from) enters the
+    body as ``select(gate == 0, x, 0)``: the same bits, but a value the forward
+    pass never had, so CSE cannot merge the recomputation with the forward
+    computation, and one that exists only once every late input does, so the
+    scheduler cannot run the recomputation early. No control flow is involved:
+    the body is compiled like any other code (XLA:CPU runs convolutions inside a
+    conditional's branch with a slow generic kernel). Falls back to ``"cond"``
+    where there is nothing to gate on or nothing to gate, or where the body has
+    ordered effects (the conditional threads their tokens).
+
+    Every protected input is gated, a block's weights too, though gating the
+    activation alone would already make ``conv(x, w)`` new: an ungated input lets
+    XLA compute what depends on it alone (the layout copies the backward's
+    convolutions read) in the forward pass and hold it until the backward, which
+    cost more memory than the weights' copies on every conv net measured.
+    """
+    n_early = len(args) - num_late
+    late = [_first_element_f32(a, x) for a, x in
+            zip(ctx.avals_in[n_early:], args[n_early:]) if _readable(a, x)]
+    early = [i for i in range(n_early) if protect[i] and
+             isinstance(ctx.avals_in[i], core.ShapedArray) and
+             not isinstance(args[i], (list, tuple))]
+    if not late or not early or _ordered_effects(jaxpr):
+        return _lower_cond(ctx, jaxpr, args)
+    total = late[0]
+    for c in late[1:]:
+        total = hlo.add(total, c)
+    zero = mlir.ir_constant(np.float32(0))
+    gate = hlo.select(_always_true(), zero, total)
+    open_ = mlir.compare_hlo(gate, zero, "EQ")
+    args = list(args)
+    for i in early:
+        args[i] = hlo.select(_broadcast_pred(open_, args[i]), args[i], _zeros_of(args[i]))
+    outs, tokens = _inline(ctx, jaxpr, args, ctx.tokens_in)
+    ctx.set_tokens_out(tokens)
+    return outs
 
 
 def _subcomp(ctx, closed: core.ClosedJaxpr, args):
@@ -254,6 +308,9 @@ def _lower(ctx, *args, jaxpr: core.Jaxpr, prevent_cse, differentiated, lowering,
         return _lower_barrier(ctx, jaxpr, args, protect)
     if strategy == "cond":
         return (_lower_gated(ctx, jaxpr, args, num_late) if num_late
+                else _lower_cond(ctx, jaxpr, args))
+    if strategy == "gate":
+        return (_lower_gate(ctx, jaxpr, args, protect, num_late) if num_late
                 else _lower_cond(ctx, jaxpr, args))
     if strategy == "while":
         return _lower_while(ctx, jaxpr, args)

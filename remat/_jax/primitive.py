@@ -19,11 +19,11 @@ Parameters every ``remat_p`` equation carries:
   partial evaluation made it a recomputing region.
 - ``policy``: the saving policy, ``(prim, *avals, **params) -> bool | RematCase``,
   or None for "save nothing but the inputs".
-- ``lowering``: ``None`` (the platform's default), ``"barrier"``, ``"cond"`` or
-  ``"while"``.
+- ``lowering``: ``None`` (the platform's default), ``"gate"``, ``"barrier"``,
+  ``"cond"`` or ``"while"``.
 - ``num_late``: how many trailing arguments exist only late (the cotangents of a
-  transposed region); the ``"cond"`` lowering runs only the part of the body that
-  does not read them inside the conditional, gated on them. 0 when unknown.
+  transposed region); the ``"gate"`` and ``"cond"`` lowerings hold the
+  recomputation back until they exist. 0 when unknown.
 
 Each rule is registered right after its definition.
 """
@@ -37,7 +37,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from remat._jax import compat, refs
+from remat._jax import compat, loops, refs
 from remat._jax.compat import AbstractRef, ad, batching, core, pe, Zero
 
 logger = logging.getLogger("remat")
@@ -182,6 +182,8 @@ def _is_float(aval) -> bool:
 def remat_partial_eval(trace, *tracers, jaxpr: core.Jaxpr, prevent_cse, policy,
                        **params):
     refs.check_effects(jaxpr)
+    if loops.passes_separated() and not params["differentiated"]:
+        prevent_cse = False      # the recomputation lands in a loop of its own
     in_unknowns = [not t.is_known() for t in tracers]
     known, staged, out_unknowns, num_res, used_known, used_staged = \
         _split_with_policy(jaxpr, in_unknowns, policy)
@@ -241,6 +243,8 @@ def _partial_eval_params_updater(unks_in, inst_in, kept_outs_known, inst_out,
             prevent_cse, [not u for u in unks_in]))
         params_staged = dict(params_staged, prevent_cse=(True,) * num_res +
                              _cse_select(prevent_cse, inst_in))
+    if loops.passes_separated() and not params_known["differentiated"]:
+        params_staged = dict(params_staged, prevent_cse=False)   # in a loop of its own
     return (dict(params_known, num_late=0),
             dict(params_staged, differentiated=True, num_late=0))
 

@@ -4,7 +4,7 @@ The input is a flat jaxpr (``inline.py``: one equation per op of the planning
 graph, op ``i`` being equation ``i``) and a :class:`remat.core.plan.Rewritten`
 schedule. Ops outside regions are emitted as they were. Each region's block becomes
 one ``remat_p`` equation (``differentiated=True``, so it is lowered as an opaque
-region, a conditional on CPU) whose body runs the copies and then the consumers; it
+region, gated on its late inputs on CPU) whose body runs the copies and then the consumers; it
 takes every value the block reads from outside (those the copies read first, then
 the ones only the consumers read: ``num_late``, the late inputs the lowering may
 gate on) and returns every value the block defines that is read after it.

@@ -52,8 +52,8 @@ def test_limit_met_and_gradients_unchanged(plain, algorithm):
     # XLA's own figure, from a fresh compile of what remat.jit lowers:
     compiled = step.lower(ws, x).compile()
     assert _footprint(compiled) <= plan.limit_bytes < _footprint(plain)
-    if jax.default_backend() == "cpu":      # elsewhere the regions lower to barriers
-        assert "conditional" in compiled.as_text()
+    # The recomputation survives compilation (not merged back into the forward):
+    assert compiled.cost_analysis()["flops"] > plain.cost_analysis()["flops"]
     loss, grads = step(ws, x)
     want_loss, want = plain(ws, x)
     np.testing.assert_allclose(loss, want_loss, rtol=1e-6)

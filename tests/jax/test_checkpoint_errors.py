@@ -288,7 +288,7 @@ def test_concretization_error_for_shapes():
 @pytest.mark.parametrize("bad", ["fast", "COND", "", 1, True])
 def test_bad_lowering(bad):
     with pytest.raises(ValueError, match=r"lowering must be one of \('barrier', "
-                                         r"'cond', 'while'\) or None"):
+                                         r"'cond', 'gate', 'while'\) or None"):
         remat.checkpoint(scale, lowering=bad)
 
 

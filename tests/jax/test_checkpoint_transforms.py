@@ -29,7 +29,7 @@ POLICIES = {
 }
 policies = pytest.mark.parametrize("policy", list(POLICIES.values()),
                                    ids=list(POLICIES))
-LOWERINGS = ["cond", "barrier", "while"]
+LOWERINGS = ["cond", "gate", "barrier", "while"]
 _keys = itertools.count()
 
 
@@ -155,7 +155,8 @@ def test_lowering_strategies_under_jit(lowering):
           jax.value_and_grad(scalar(block))(*args))
     # The protection each strategy promises is in the compiled program.
     text = grad_ck.lower(*args).as_text()
-    marker = {"cond": "stablehlo.if", "barrier": "stablehlo.optimization_barrier",
+    marker = {"cond": "stablehlo.if", "gate": "stablehlo.rng",
+              "barrier": "stablehlo.optimization_barrier",
               "while": "stablehlo.while"}[lowering]
     assert marker in text
     # Forward-only use is inlined: no protection.

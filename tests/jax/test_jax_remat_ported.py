@@ -466,7 +466,8 @@ def test_no_cse_widget_on_primals():
         return x
 
     def has_widget(text):
-        return ("while" in text or "conditional" in text or "opt-barrier" in text)
+        return ("while" in text or "conditional" in text or "opt-barrier" in text
+                or "rng(" in text)
 
     assert not has_widget(jax.jit(f).lower(2.).as_text("hlo"))
     assert has_widget(jax.jit(jax.grad(f)).lower(2.).as_text("hlo"))
@@ -486,6 +487,7 @@ def test_no_cse_widget_with_prevent_cse_false():
         assert "while" not in text
         assert "conditional" not in text
         assert "opt-barrier" not in text
+        assert "rng(" not in text
 
 
 @pytest.mark.parametrize("policy", [

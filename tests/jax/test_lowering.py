@@ -37,27 +37,30 @@ def compiled():
     return ws, x, {name: _compile(wrap, ws, x) for name, wrap in [
         ("plain", lambda f: f),
         ("cond", lambda f: remat.checkpoint(f, lowering="cond")),
+        ("gate", lambda f: remat.checkpoint(f, lowering="gate")),
         ("while", lambda f: remat.checkpoint(f, lowering="while")),
         ("barrier", lambda f: remat.checkpoint(f, lowering="barrier")),
         ("default", remat.checkpoint)]}
 
 
 def test_default_strategy_per_platform():
-    assert default_strategy("cpu") == "cond"
+    assert default_strategy("cpu") == "gate"
     assert default_strategy("cuda") == "barrier"
     assert default_strategy("tpu") == "barrier"
 
 
-@pytest.mark.parametrize("strategy", ["cond", "while", "default"])
+@pytest.mark.parametrize("strategy", ["cond", "gate", "while", "default"])
 def test_recomputation_is_in_the_optimized_hlo(compiled, strategy):
     _, _, c = compiled
     plain, ours = c["plain"].as_text(), c[strategy].as_text()
     # The forward segments run again inside the backward: one more dot per layer.
     assert _count(ours, "dot") >= _count(plain, "dot") + LAYERS
     used = default_strategy(jax.default_backend()) if strategy == "default" else strategy
-    if used != "barrier":       # a barrier leaves no op of its own behind
+    if used in ("cond", "while"):   # a barrier or a gate adds no control flow
         kind = "while" if used == "while" else "conditional"
         assert _count(ours, kind) >= LAYERS // SEGMENT
+    if used == "gate":
+        assert _count(ours, "conditional") == _count(ours, "while") == 0
     flops = lambda k: c[k].cost_analysis()["flops"]
     assert flops(strategy) > 1.2 * flops("plain")
 
@@ -69,7 +72,8 @@ ON_CPU = jax.default_backend() == "cpu"
 # XLA:GPU keeps a little more around the regions (0.66 of plain measured on an
 # H100 for the conditional, the barrier and the default).
 @pytest.mark.parametrize("strategy,bound", [
-    ("cond", 0.65 if ON_CPU else 0.7), ("default", 0.65 if ON_CPU else 0.7),
+    ("cond", 0.65 if ON_CPU else 0.7), ("gate", 0.65 if ON_CPU else 0.7),
+    ("default", 0.65 if ON_CPU else 0.7),
     ("while", 0.9)])
 def test_memory_drops(compiled, strategy, bound):
     _, _, c = compiled
@@ -86,7 +90,7 @@ def test_barrier_is_undone_by_xla_cpu(compiled):
     assert temp("barrier") > 0.9 * temp("plain")
 
 
-@pytest.mark.parametrize("strategy", ["cond", "while", "barrier", "default"])
+@pytest.mark.parametrize("strategy", ["cond", "gate", "while", "barrier", "default"])
 def test_gradients_match_plain(compiled, strategy):
     ws, x, c = compiled
     ws, x = _inputs(1)        # fresh inputs, not the ones compiled against

@@ -1,11 +1,13 @@
 """Regions whose backward holds convolutions keep XLA:CPU's fast kernels.
 
-XLA:CPU runs backward convolutions inside a conditional's branch with a slow
-generic kernel (measured 25-40x slower), so the ``"cond"`` lowering splits such
-regions: the recomputation stays in the gated conditional, the backward runs
-outside it. These tests check the structure, not the speed (timings are noise).
+XLA:CPU runs convolutions inside a conditional's branch with a slow generic kernel
+(measured 25-40x slower). The default ``"gate"`` lowering puts no control flow
+around a region at all; the ``"cond"`` lowering splits such regions: the
+recomputation stays in the gated conditional, the backward runs outside it.
+These tests check the structure, not the speed (timings are noise).
 """
 
+import functools
 import re
 
 import jax
@@ -73,13 +75,16 @@ def _conditional_results(hlo_text):
             for line in hlo_text.splitlines() if " conditional(" in line]
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu",
-                    reason="the gated conditional is XLA:CPU's default lowering")
+ON_CPU = jax.default_backend() == "cpu"
+_cond = functools.partial(remat.checkpoint, lowering="cond")
+
+
+@pytest.mark.skipif(not ON_CPU, reason="XLA:CPU's kernels and HLO names")
 def test_backward_convolutions_run_outside_the_conditional():
     k1, k2 = jax.random.split(jax.random.key(0))
     w = jax.random.normal(k1, (3, 3, 8, 8)) * 0.2
     x = jax.random.normal(k2, (4, 16, 16, 8))
-    compiled = jax.jit(jax.grad(_loss(remat.checkpoint))).lower(w, x).compile()
+    compiled = jax.jit(jax.grad(_loss(_cond))).lower(w, x).compile()
     text = compiled.as_text()
     branches = _branch_text(text)
     assert "conditional(" in text and branches
@@ -101,8 +106,6 @@ def test_dense_regions_stay_whole():
     assert results and all("f32[16,16]" in r for r in results)
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu",
-                    reason="the gated conditional is XLA:CPU's default lowering")
 def test_a_split_region_waits_for_every_cotangent():
     # Two outputs, two cotangents: the recomputation may not run before either
     # exists, so the conditional's predicate reads both (a NaN check on each).
@@ -116,7 +119,7 @@ def test_a_split_region_waits_for_every_cotangent():
             return jnp.mean(a ** 2) + jnp.mean(jnp.sin(b))
         return loss
 
-    loss = loss_of(remat.checkpoint)
+    loss = loss_of(_cond)
 
     k1, k2 = jax.random.split(jax.random.key(1))
     w = jax.random.normal(k1, (3, 3, 8, 8)) * 0.2
@@ -126,3 +129,93 @@ def test_a_split_region_waits_for_every_cotangent():
     assert len(re.findall(r"stablehlo.compare\s+NE", text)) == 2
     plain = jax.jit(jax.grad(loss_of(lambda f: f)))(w, x)
     np.testing.assert_allclose(jax.jit(jax.grad(loss))(w, x), plain, rtol=1e-5, atol=1e-7)
+
+
+# ----------------------------------------------------------- the "gate" lowering
+
+def _layouts():
+    """Convolutions as users write them: ``conv(w, x)`` for each layout."""
+    def nhwc(w, x, stride=1, groups=1):
+        return jax.lax.conv_general_dilated(
+            x, w, (stride, stride), "SAME", feature_group_count=groups,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    def nchw_vmapped(w, x):       # one example at a time, as Equinox does
+        one = lambda x: jax.lax.conv_general_dilated(
+            x[None], jnp.transpose(w, (3, 2, 0, 1)), (1, 1), "SAME",
+            dimension_numbers=("NCHW", "OIHW", "NCHW"))[0]
+        return jax.vmap(one)(jnp.transpose(x, (0, 3, 1, 2))).transpose(0, 2, 3, 1)
+
+    return {
+        "nhwc": nhwc,
+        "nchw_vmapped": nchw_vmapped,
+        "grouped": lambda w, x: nhwc(w[:, :, :4], x, groups=2),
+        "strided": lambda w, x: jax.image.resize(nhwc(w, x, stride=2), x.shape, "nearest"),
+    }
+
+
+def _conv_loss(conv, wrap):
+    def block(w, x):
+        for _ in range(3):
+            x = jnp.tanh(conv(w, x)) + x
+        return x
+
+    def loss(w, x):
+        for _ in range(2):
+            x = wrap(block)(w, x)
+        return jnp.mean(jnp.sin(x))
+    return loss
+
+
+@pytest.fixture(scope="module")
+def conv_args():
+    k1, k2 = jax.random.split(jax.random.key(2))
+    return jax.random.normal(k1, (3, 3, 8, 8)) * 0.2, jax.random.normal(k2, (4, 16, 16, 8))
+
+
+def _count(text, op):
+    return len(re.findall(rf"\s{op}\(", text))
+
+
+@pytest.mark.parametrize("layout", list(_layouts()))
+def test_gated_convolutions_have_no_control_flow_and_are_recomputed(layout, conv_args):
+    w, x = conv_args
+    conv = _layouts()[layout]
+    step = lambda wrap: jax.jit(jax.grad(_conv_loss(conv, wrap))).lower(w, x).compile()
+    plain, cond, gate = step(lambda f: f), step(_cond), step(
+        functools.partial(remat.checkpoint, lowering="gate"))
+    text = gate.as_text()
+    assert _count(text, "conditional") == _count(text, "while") == 0
+    if ON_CPU:
+        # Every convolution runs in the entry computation (none in a branch), and
+        # the gate recomputes exactly what the conditional does: nothing merged.
+        entry = text[text.index("\nENTRY"):]
+        assert _count(entry, "convolution") == _count(text, "convolution")
+        assert _count(text, "convolution") == _count(cond.as_text(), "convolution")
+        assert _count(text, "convolution") > _count(plain.as_text(), "convolution")
+    temp = lambda c: c.memory_analysis().temp_size_in_bytes
+    assert temp(gate) < temp(plain)
+    if ON_CPU:
+        assert temp(gate) <= temp(cond)
+    np.testing.assert_allclose(gate(w, x), plain(w, x), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the order is XLA:CPU's schedule")
+def test_gated_recomputation_runs_after_the_cotangent(conv_args):
+    # The scheduled entry computation runs in order. The forward convolutions all
+    # come first (nothing recomputed was hoisted into the forward pass), and the
+    # first block's recomputation, gated on its cotangent, only starts after the
+    # second block's backward convolutions (which produce that cotangent).
+    w, x = conv_args
+    loss = _conv_loss(_layouts()["nhwc"], remat.checkpoint)
+    text = jax.jit(jax.grad(loss)).lower(w, x).compile().as_text()
+    entry = text[text.index("ENTRY"):].splitlines()
+    convs = [i for i, line in enumerate(entry) if " convolution(" in line]
+    forward = [i for i in convs if '/jvp()/' in entry[i]]
+    assert len(forward) == 6 and forward == convs[:6]
+    gates = [i for i, line in enumerate(entry) if " fusion(" in line and
+             "/remat\"" in line and "select" in line]
+    first_region, second_region = gates[:len(gates) // 2], gates[len(gates) // 2:]
+    assert first_region and second_region
+    between = [i for i in convs if first_region[-1] < i < second_region[0]]
+    assert len(between) >= 3 + 5       # recomputed forward, then the backward
