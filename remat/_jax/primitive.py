@@ -37,7 +37,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from remat._jax import compat, loops, refs
+from remat._jax import compat, refs, scan_passes
 from remat._jax.compat import AbstractRef, ad, batching, core, pe, Zero
 
 logger = logging.getLogger("remat")
@@ -182,7 +182,7 @@ def _is_float(aval) -> bool:
 def remat_partial_eval(trace, *tracers, jaxpr: core.Jaxpr, prevent_cse, policy,
                        **params):
     refs.check_effects(jaxpr)
-    if loops.passes_separated() and not params["differentiated"]:
+    if scan_passes.passes_separated() and not params["differentiated"]:
         prevent_cse = False      # the recomputation lands in a loop of its own
     in_unknowns = [not t.is_known() for t in tracers]
     known, staged, out_unknowns, num_res, used_known, used_staged = \
@@ -243,7 +243,7 @@ def _partial_eval_params_updater(unks_in, inst_in, kept_outs_known, inst_out,
             prevent_cse, [not u for u in unks_in]))
         params_staged = dict(params_staged, prevent_cse=(True,) * num_res +
                              _cse_select(prevent_cse, inst_in))
-    if loops.passes_separated() and not params_known["differentiated"]:
+    if scan_passes.passes_separated() and not params_known["differentiated"]:
         params_staged = dict(params_staged, prevent_cse=False)   # in a loop of its own
     return (dict(params_known, num_late=0),
             dict(params_staged, differentiated=True, num_late=0))

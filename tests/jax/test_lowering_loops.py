@@ -16,7 +16,7 @@ import pytest
 
 import remat
 from bench.bench_lowering import scanned_transformer
-from remat._jax.loops import loop_separates
+from remat._jax.scan_passes import loop_separates
 
 POLICIES = {"nothing": None,
             "dots_no_batch": remat.checkpoint_policies.dots_with_no_batch_dims_saveable,
@@ -115,6 +115,6 @@ def test_jaxpr_level_split_of_a_scan():
 
 def test_docstring_examples():
     import doctest
-    from remat._jax import loops
+    from remat._jax import scan_passes as loops
     result = doctest.testmod(loops)
     assert result.failed == 0 and result.attempted > 0
