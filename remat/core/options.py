@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -123,8 +124,12 @@ def parse_limit(limit: Any) -> int | float:
     """
     bad = ValueError(f"remat: memory_limit={limit!r} is not a memory limit; "
                      f"{_LIMIT_FORMS}.")
-    if isinstance(limit, bool) or not isinstance(limit, (int, float, str)):
+    if isinstance(limit, bool) or not isinstance(limit, (numbers.Real, str)):
         raise bad
+    if isinstance(limit, numbers.Integral):
+        limit = int(limit)
+    elif isinstance(limit, numbers.Real):
+        limit = float(limit)
     if isinstance(limit, str):
         try:
             value = float(limit)

@@ -208,3 +208,133 @@ def test_library_scratch_is_kept_whole_in_fractions():
     assert fp.limit_bytes(777) == 777
 
 
+
+
+def _mlp_loss(params, x):
+    for w, b in params:
+        x = jnp.tanh(x @ w + b)
+    return jnp.mean(x ** 2)
+
+
+def _mlp(layers=8, batch=1024, width=256, seed=0):
+    keys = jax.random.split(jax.random.key(seed), 2 * layers + 1)
+    params = [(jax.random.normal(keys[2 * i], (width, width)) / np.sqrt(width),
+               0.1 * jax.random.normal(keys[2 * i + 1], (width,))) for i in range(layers)]
+    return params, jax.random.normal(keys[-1], (batch, width))
+
+
+def test_every_limit_of_a_sweep_is_met_monotonically_on_an_mlp():
+    # An MLP with biases (as users write it), swept from half the temporaries to
+    # the plain footprint in steps of 1/16 of the temporaries, with the defaults.
+    params, x = _mlp()
+    step = jax.value_and_grad(_mlp_loss)
+    plain = XlaFootprint.of(jax.jit(step).lower(params, x).compile())
+    limits = [plain.held_whatever + int(f * plain.temp) for f in np.arange(0.5, 1.01, 1 / 16)]
+    plans = [remat.plan(step, params, x, memory_limit=limit) for limit in limits]
+    assert all(p.met for p in plans)
+    costs = [p.extra_flops for p in plans]
+    assert costs == sorted(costs, reverse=True) and costs[0] > 0
+    # asked again, a limit costs no compile (the frontier is kept for the process)
+    again = remat.plan(step, params, x, memory_limit=limits[3])
+    assert again.compiles == 0 and again.planned == plans[3].planned
+    # the fraction form meets its limit too, with the plain gradients
+    plan = remat.plan(step, params, x, memory_limit=0.5)
+    assert plan.met
+    (loss, grads), (want_loss, want) = plan.compiled(params, x), jax.jit(step)(params, x)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    for g, w in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(want)):
+        assert np.all(np.asarray(w) != 0)
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-8)
+
+
+def test_a_fresh_search_meets_a_higher_limit_than_one_met():
+    params, x = _mlp(layers=6, seed=1)
+    step = jax.grad(_mlp_loss)
+    low = remat.plan(step, params, x, memory_limit=0.65)
+    for rise in (1, 2**16, 2**18):
+        planner_module.forget_planners()
+        high = remat.plan(step, params, x, memory_limit=low.limit_bytes + rise)
+        assert high.met
+
+
+def test_static_and_donated_arguments_as_jax_jit_takes_them():
+    ws, x = _inputs(10)
+
+    def loss(ws, x, scale, *, act):
+        for w in ws:
+            x = act(x @ w) * scale
+        return jnp.mean(x ** 2)
+
+    want = jax.jit(jax.grad(loss), static_argnums=2, static_argnames="act")(
+        ws, x, 1.5, act=jnp.tanh)
+    for kwargs in (dict(static_argnums=2, static_argnames="act"),
+                   dict(static_argnames=("scale", "act"))):
+        step = remat.jit(jax.grad(loss), memory_limit=0.7, small_node_limit=0, **kwargs)
+        got = step(ws, x, 1.5, act=jnp.tanh)
+        assert step.plan_for(ws, x, 1.5, act=jnp.tanh).result.regions
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-9)
+    # a new static value is a new program
+    other = step(ws, x, 0.5, act=jnp.tanh)
+    assert not np.allclose(other[0], got[0])
+    step = remat.jit(lambda ws, x: jax.grad(_loss)(ws, x * 1.0), memory_limit=0.8,
+                     small_node_limit=0, donate_argnames="ws")
+    assert "jax.buffer_donor" in step.lower(ws, x).as_text() or "tf.aliasing_output" in (
+        step.lower(ws, x).as_text())
+
+
+class _Module:
+    """A module as Equinox holds one: arrays and a function in one pytree."""
+
+    def __init__(self, ws, act):
+        self.ws, self.act = ws, act
+
+    def __call__(self, x):
+        for w in self.ws:
+            x = self.act(x @ w)
+        return x
+
+
+jax.tree_util.register_pytree_node(
+    _Module, lambda m: ((m.ws, m.act), None), lambda _, c: _Module(*c))
+
+
+def test_non_array_leaves_are_static():
+    ws, x = _inputs(11)
+    module = _Module(ws, jnp.tanh)
+
+    def loss(module, x, label):
+        assert label == "train" and module.act is jnp.tanh
+        return jnp.mean(module(x) ** 2)
+
+    def grads(module, x, label):     # as eqx.filter_grad: the arrays only
+        return jax.grad(lambda ws: loss(_Module(ws, module.act), x, label))(module.ws)
+
+    step = remat.jit(grads, memory_limit=0.7, small_node_limit=0)
+    got = step(module, x, "train")
+    want = jax.jit(lambda ws, x: grads(_Module(ws, jnp.tanh), x, "train"))(ws, x)
+    assert step.plan_for(module, x, "train").result.regions
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-9)
+    assert remat.plan(grads, module, x, "train", memory_limit=0.7).met
+    with pytest.raises(ValueError, match="static_argnums=.*accepted: an int or ints"):
+        remat.jit(loss, memory_limit=0.5, static_argnums="x")
+
+
+def test_an_equinox_module_is_an_argument_like_any_pytree():
+    eqx = pytest.importorskip("equinox")
+    model = eqx.nn.MLP(128, 128, width_size=128, depth=8, activation=jnp.tanh,
+                       key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (1024, 128))
+
+    @eqx.filter_grad
+    def grads(model, x):
+        return jnp.mean(jax.vmap(model)(x) ** 2)
+
+    step = remat.jit(grads, memory_limit=0.7, small_node_limit=0)
+    got, want = step(model, x), eqx.filter_jit(grads)(model, x)
+    assert step.plan_for(model, x).result.regions
+    leaves = jax.tree_util.tree_leaves(want)
+    assert len(jax.tree_util.tree_leaves(got)) == len(leaves) > 0
+    for g, w in zip(jax.tree_util.tree_leaves(got), leaves):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-9)
