@@ -86,7 +86,8 @@ class Plan:
         is lowered where the values it keeps would put a target out of reach).
       algorithm: the algorithm (and order) that planned it; ``"plain"``: nothing
         needed recomputing.
-      compile_seconds: time spent in XLA's compiles for this call.
+      compile_seconds: time spent in XLA's compiles for this call (the plain
+        program's included on a program's first call).
       compiles: plans compiled for this call (cached ones not counted).
     """
     limit_bytes: int
@@ -161,7 +162,7 @@ def plan_program(fun: Callable, args: tuple, kwargs: dict, options: RematOptions
     planner = planner_for(program, options)
     seconds, compiling = planner.plan_seconds, planner.compile_seconds
     compiles = planner.frontier.compiles
-    if compiles == 0 and len(planner.frontier.points) == 0:
+    if planner.answers == 0:
         seconds = compiling = 0.0       # a new planner: its setup is this call's
     limit = planner.baseline.limit_bytes(options.memory_limit)
     point = planner.answer(limit)

@@ -67,12 +67,14 @@ class Planner:
       frontier: the search's points (:class:`remat.core.search.Frontier`).
       orders: the orders planned on, with their simulations.
       plan_seconds, compile_seconds: time spent planning and rewriting, and in
-        XLA's compiles, since the planner was made.
+        XLA's compiles (the plain program's included), since the planner was made.
+      answers: how many limits it has answered.
     """
 
     def __init__(self, program: Program, options: RematOptions):
         self.program, self.options = program, options
         self.plan_seconds = self.compile_seconds = 0.0
+        self.answers = 0     # limits answered so far
         start = time.perf_counter()
         graph = program.graph
         with gc_paused():
@@ -109,6 +111,7 @@ class Planner:
         """The cheapest point within ``limit`` (XLA bytes), searching as deep as
         needed; None if no plan of the frontier is within it, or at once if the
         limit is below what any program with these arguments and outputs holds."""
+        self.answers += 1
         if limit < self.baseline.held_whatever:
             return None
         return self.frontier.answer(limit)

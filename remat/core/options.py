@@ -139,7 +139,8 @@ def parse_limit(limit: Any) -> int | float:
             except ValueError:
                 raise bad from None
         else:
-            limit = value if re.search(r"[.eE]", limit) else int(value)
+            # "0.5": a fraction; "4096" or "1e6": bytes
+            limit = value if "." in limit or not value.is_integer() else int(value)
     if isinstance(limit, float):
         if not (math.isfinite(limit) and 0 < limit <= 1):
             raise bad

@@ -89,7 +89,7 @@ def test_unreachable_limit_names_least_and_bound():
     # "a limit of the least reached or more is met": true
     plan = remat.plan(jax.grad(_loss), ws, x, memory_limit=error.least_bytes,
                       small_node_limit=0)
-    assert plan.met and plan.planned.total == error.least_bytes
+    assert plan.met and plan.planned.total <= error.least_bytes
 
 
 def test_default_small_node_limit_gives_way_to_the_limit():
