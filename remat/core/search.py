@@ -10,7 +10,8 @@ cheapest point known within it.
 Columns and rungs. A column is one way of planning (an algorithm on one order of
 the program's ops). It is asked for plans only at a fixed ladder of model
 targets: :data:`RUNGS` rungs evenly spaced from the column's floor (the least peak
-it can reach) up to the plain program's peak. A plan depends only on its column
+it can reach) up to the plain program's peak, and :data:`FINE_RUNGS` more just
+above the floor. A plan depends only on its column
 and rung, so the plans of a program form a finite set, the same whatever limits
 are asked: its frontier, compiled lazily, as deep as the limits asked need.
 
@@ -61,7 +62,7 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-__all__ = ["RUNGS", "REFINES", "Candidate", "Point", "Column", "Frontier", "rungs"]
+__all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "Candidate", "Point", "Column", "Frontier", "rungs"]
 
 log = logging.getLogger("remat")
 
@@ -69,6 +70,10 @@ log = logging.getLogger("remat")
 #: nearer any limit (less recompute), and a longer walk of every rung before a
 #: limit is refused.
 RUNGS = 32
+#: Extra rungs in the lowest of the ``RUNGS`` intervals, evenly spaced: near its
+#: floor a column has few plans left, and how the compiler packs each one's heap
+#: (holes of a few percent) decides a tight limit more than the model does.
+FINE_RUNGS = 8
 #: Plans compiled, at most, to bisect back up towards a limit after a step down
 #: overshot it (each one recomputes less, if the compiler reads it within).
 REFINES = 2
@@ -127,15 +132,21 @@ class Column:
     plan: Callable[[int], Candidate]
 
 
-def rungs(floor: int, peak: int, count: int = RUNGS) -> tuple[int, ...]:
-    """``count`` model targets from ``floor`` up to, not including, ``peak``
-    (distinct, ascending).
+def rungs(floor: int, peak: int, count: int = RUNGS, fine: int = FINE_RUNGS
+          ) -> tuple[int, ...]:
+    """``count`` model targets evenly spaced from ``floor`` up to, not including,
+    ``peak``, and ``fine`` more in the lowest interval (distinct, ascending).
 
-    >>> rungs(100, 200, 4)
+    >>> rungs(100, 200, 4, fine=0)
     (100, 125, 150, 175)
+    >>> rungs(100, 200, 4, fine=5)
+    (100, 105, 110, 115, 120, 125, 150, 175)
     """
     floor = min(floor, peak)
-    return tuple(sorted({floor + (peak - floor) * j // count for j in range(count)}))
+    span = peak - floor
+    coarse = {floor + span * j // count for j in range(count)}
+    return tuple(sorted(coarse | {floor + span * j // (count * fine)
+                                  for j in range(fine)}))
 
 
 class Frontier:

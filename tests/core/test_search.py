@@ -9,7 +9,8 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from remat.core.search import REFINES, RUNGS, Candidate, Column, Frontier, Point, rungs
+from remat.core.search import (FINE_RUNGS, REFINES, RUNGS, Candidate, Column, Frontier,
+                               Point, rungs)
 
 PEAK, FLOOR = 1000, 300
 
@@ -46,7 +47,9 @@ def _frontier(seed, names=("a", "b")):
 
 def test_rungs_span_floor_to_peak():
     r = rungs(FLOOR, PEAK)
-    assert len(r) == RUNGS and r[0] == FLOOR and r[-1] < PEAK and list(r) == sorted(r)
+    assert r[0] == FLOOR and r[-1] < PEAK and list(r) == sorted(r)
+    assert len(r) == RUNGS + FINE_RUNGS - 1          # the floor is in both sets
+    assert sum(x < r[0] + (PEAK - FLOOR) / RUNGS for x in r) == FINE_RUNGS
     assert rungs(500, 500) == (500,)
 
 
