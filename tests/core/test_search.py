@@ -49,7 +49,7 @@ def test_rungs_span_floor_to_peak():
     r = rungs(FLOOR, PEAK)
     assert r[0] == FLOOR and r[-1] < PEAK and list(r) == sorted(r)
     assert len(r) == RUNGS + FINE_RUNGS - 1          # the floor is in both sets
-    assert sum(x < r[0] + (PEAK - FLOOR) / RUNGS for x in r) == FINE_RUNGS
+    assert sum(x < r[0] + (PEAK - FLOOR) // RUNGS for x in r) == FINE_RUNGS
     assert rungs(500, 500) == (500,)
 
 
