@@ -29,6 +29,7 @@ import numpy as np
 
 import remat
 from bench import models
+from remat._jax.planner import forget_planners
 from bench.output import result_file
 
 MODELS = {
@@ -91,18 +92,26 @@ def _planned(step, args, fraction: float, algorithm: str, runs: int):
     side: ``runs`` times, a compile of the plain program, then a search (which
     compiles its attempts again: XLA's compiles are not planning). Returns the
     plan, the median planning and compile seconds, and the median of the per-run
-    ratios (a slow spell of the machine slows both). Every search must end at the
-    same plan; a limit refused is refused at once."""
-    plans, compiles = [], []
+    ratios (a slow spell of the machine slows both), and the median ratio of the
+    whole first call (tracing, planning and every compile) to the plain compile.
+    Each search starts afresh (no frontier kept from the run before). Every
+    search must end at the same plan; a limit refused is refused at once."""
+    plans, compiles, firsts = [], [], []
     for _ in range(runs):
         compiles.append(_compile_once(step, args)[0])
-        plans.append(remat.plan(step, *args, memory_limit=fraction, algorithm=algorithm))
+        forget_planners()
+        jax.clear_caches()
+        start = time.perf_counter()
+        options = {} if algorithm == "auto" else {"algorithm": algorithm}
+        plans.append(remat.plan(step, *args, memory_limit=fraction, **options))
+        firsts.append(time.perf_counter() - start)
     if len({(p.planned.total, p.extra_flops) for p in plans}) > 1:
         raise AssertionError(f"{algorithm} at {fraction:.0%}: the searches ended at "
                              "different plans; planning should be deterministic.")
     seconds = [p.plan_seconds for p in plans]
     return (plans[0], float(np.median(seconds)), float(np.median(compiles)),
-            float(np.median([s / c for s, c in zip(seconds, compiles)])))
+            float(np.median([s / c for s, c in zip(seconds, compiles)])),
+            float(np.median([f / c for f, c in zip(firsts, compiles)])))
 
 
 def run_model(name: str, algorithms, limits, rounds: int, plan_runs: int = 3
@@ -118,10 +127,10 @@ def run_model(name: str, algorithms, limits, rounds: int, plan_runs: int = 3
         for fraction in limits:
             row = dict(model=name, algorithm=algorithm, fraction=fraction)
             try:
-                plan, plan_s, compile_s, plan_ratio = _planned(step, args, fraction,
-                                                               algorithm, plan_runs)
+                plan, plan_s, compile_s, plan_ratio, first_ratio = _planned(
+                    step, args, fraction, algorithm, plan_runs)
             except remat.MemoryLimitError as e:
-                row.update(error=str(e))
+                row.update(error=str(e), least=e.least_bytes)
                 rows.append(row)
                 print(_line(row), flush=True)
                 continue
@@ -133,30 +142,31 @@ def run_model(name: str, algorithms, limits, rounds: int, plan_runs: int = 3
                        footprint=plan.planned.total,
                        flops_ratio=plan.compiled.cost_analysis()["flops"] / plain_flops,
                        time_ratio=t_plan / t_plain, plan_s=plan_s, compile_s=compile_s,
-                       plan_ratio=plan_ratio, rel_err=err)
+                       plan_ratio=plan_ratio, first_ratio=first_ratio, rel_err=err,
+                       by=plan.algorithm)
             rows.append(row)
             print(_line(row), flush=True)
     return rows
 
 
 def _line(r: dict) -> str:
-    if "error" in r:
-        least = r["error"].split("the least reached is ")[1].split(". ")[0]
-        floor = r["error"].split("goes below about ")[1].split(" (")[0]
-        return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | refused: least "
-                f"reached {least}, floor of the pass {floor} | | | | | | |")
     mib = 2 ** 20
+    if "error" in r:
+        least = f"{r['least'] / mib:.1f} MiB" if r["least"] else "-"
+        return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | refused: least "
+                f"reached {least} | | | | | | | |")
     return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | "
             f"{r['limit'] / mib:.1f} | {r['baseline'] / mib:.1f} -> "
             f"{r['footprint'] / mib:.1f} | {r['flops_ratio']:.2f} | "
             f"{r['time_ratio']:.2f} | {r['plan_s']:.2f} / {r['compile_s']:.2f} | "
-            f"{r['plan_ratio']:.2f} | {r['rel_err']:.0e} |")
+            f"{r['plan_ratio']:.2f} | {r['first_ratio']:.2f} | {r['rel_err']:.0e} | "
+            f"{r['by']} |")
 
 
 HEADER = ("| model | algorithm | limit (of temps) | limit (MiB) | XLA footprint (MiB) | "
           "FLOPs ratio | step-time ratio | plan / compile (s) | plan ÷ compile | "
-          "grad rel. err |\n"
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "first call ÷ compile | grad rel. err | planned by |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
@@ -182,7 +192,8 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--algorithms", default="path,standard,compress,standardcompress")
+    parser.add_argument("--algorithms", default="auto,path,standard",
+                        help="auto: the default (no algorithm=)")
     parser.add_argument("--limits", default="0.75,0.5,0.3")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--plan-runs", type=int, default=3,

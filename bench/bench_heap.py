@@ -23,15 +23,18 @@ import dataclasses
 import pathlib
 import re
 import tempfile
-import time
 
 import jax
 
 from bench import models
 from bench.output import result_file
-from remat._jax import auto
-from remat._jax.inline import inline_calls
+from remat._jax.planner import Planner
+from remat._jax.program import CallSpec, trace_program
+from remat.core.options import resolve_options
 from remat.core.simulate import simulate
+
+#: The U-Net's targets above its floor, as a fraction of its temporaries apart.
+_TARGET_STEP = 0.0025
 
 _VALUE = re.compile(r"value: <\d+ (\S+?)(\{[^}]*\})?(?: \(phi\))? @0> "
                     r"\(size=(\d+),offset=(\d+)\)")
@@ -107,44 +110,42 @@ def heap_of(lowered) -> Heap:
         return read_heap(assignment.read_text(), ranges.read_text())
 
 
-def _search(model, algorithm: str, fraction: float) -> auto._Search:
-    """The automatic pass's search for ``model``'s gradient, to plan single targets."""
-    step = jax.grad(model.loss_fn)
+def _planner(model, algorithm: str, fraction: float) -> tuple[Planner, int]:
+    """The automatic pass's planner for ``model``'s gradient (to plan single
+    targets), and the limit of ``fraction`` in bytes."""
     args = (model.params, model.batch)
-    closed, out_tree = auto._trace(step, args, {})
-    flat = inline_calls(closed)
-    graph = auto._graph_of(flat)
-    baseline = auto.XlaFootprint.of(auto._compile(flat, out_tree, args, {}, {}))
-    settings = auto._settings(fraction, algorithm, "best", 0, None)
-    return auto._Search(flat, graph, out_tree, (args, {}, {}), settings, baseline,
-                        auto._limit_bytes(fraction, baseline), time.perf_counter())
+    program, _ = trace_program(jax.grad(model.loss_fn), args, {}, CallSpec(), {})
+    options = resolve_options({"memory_limit": fraction, "algorithm": algorithm,
+                               "small_node_limit": 0}, {})
+    planner = Planner(program, options)
+    return planner, planner.baseline.limit_bytes(fraction)
 
 
 def rows(name: str, model, algorithm: str, targets, plans: int) -> list[str]:
-    """Table rows for the first ``plans`` distinct plans of ``targets(search,
-    schedule)`` (model bytes) on the first order."""
-    search = _search(model, algorithm, 0.3)
-    schedule = auto._schedules(search.graph, "best")[0]
+    """Table rows for the first ``plans`` distinct plans of ``targets(planner,
+    column, limit)`` (model bytes) on the first order."""
+    planner, limit = _planner(model, algorithm, 0.3)
+    column = planner.frontier.columns[0]
     lines, seen = [], set()
-    for target in targets(search, schedule):
-        plan = search.compiled_plan(schedule, target, 0)
-        if plan.result.regions in seen:
+    for target in targets(planner, column, limit):
+        cand = column.plan(target)
+        if cand.key in seen:
             continue
         if len(seen) == plans:
             break
-        seen.add(plan.result.regions)
-        lowered = jax.jit(auto._as_function(plan.jaxpr, plan.out_tree)).lower(
-            model.params, model.batch)
-        heap = heap_of(lowered)
-        fixed = plan.planned.total - plan.planned.temp
+        seen.add(cand.key)
+        m = planner._measure(cand).payload
+        heap = heap_of(planner.program.lower(m.jaxpr))
+        fixed = m.footprint.total - m.footprint.temp
+        met = m.footprint.total <= limit
         kib = 1024
         lines.append(
             f"| {name} | {algorithm} | {target / kib:,.0f} | "
-            f"{plan.result.timeline.peak_bytes / kib:,.0f} | {len(plan.result.regions)} | "
-            f"{plan.planned.total / kib:,.0f} / {plan.limit_bytes / kib:,.0f} | "
-            f"{'yes' if plan.met else 'no'} | {heap.temp_bytes / kib:,.0f} | "
+            f"{m.result.timeline.peak_bytes / kib:,.0f} | {len(m.result.regions)} | "
+            f"{m.footprint.total / kib:,.0f} / {limit / kib:,.0f} | "
+            f"{'yes' if met else 'no'} | {heap.temp_bytes / kib:,.0f} | "
             f"{heap.live_bytes / kib:,.0f} | {heap.holes / kib:,.0f} | "
-            f"{'yes' if fixed + heap.live_bytes <= plan.limit_bytes else 'no'} |")
+            f"{'yes' if fixed + heap.live_bytes <= limit else 'no'} |")
         print(lines[-1], flush=True)
     return lines
 
@@ -162,16 +163,15 @@ def main() -> None:
                              "temporaries apart")
     args = parser.parse_args()
 
-    def chain_targets(search, schedule):
-        # the limit in the model's units, as the search's first attempt aims
-        timeline = simulate(search.graph, schedule, check=False)
-        return [int(search.limit * timeline.peak_bytes / search.baseline.total)]
+    def chain_targets(planner, column, limit):
+        # the limit in the model's units, as the search's first plan aims
+        return [column.estimate(limit)]
 
-    def unet_targets(search, schedule):
-        timeline = simulate(search.graph, schedule, check=False)
-        floor = search.compiled_plan(schedule, 0, 0).result.timeline.peak_bytes
+    def unet_targets(planner, column, limit):
+        timeline = planner.orders[0][1]
+        floor = column.plan(0).model_peak
         temps = timeline.peak_bytes - timeline.input_bytes - timeline.output_bytes
-        step = max(int(auto._NEIGHBOUR_STEP * temps), 1)
+        step = max(int(_TARGET_STEP * temps), 1)
         return [floor + k * step for k in range(8 * args.unet_plans)]
 
     lines = rows("mlp_chain (12 layers)", models.mlp_chain(layers=12), "optimal",

@@ -31,8 +31,7 @@ import jax
 import remat
 from bench import models
 from bench.output import result_file
-from remat._jax.auto import _graph_of, _trace
-from remat._jax.inline import inline_calls
+from remat._jax.program import CallSpec, trace_program
 from remat.core.algorithms import get_algorithm
 from remat.core.options import RematOptions
 from remat.core.schedulers import get_scheduler
@@ -56,8 +55,9 @@ def run(name: str, limits, rounds: int):
 def planner_rows(name: str, limits) -> list[str]:
     """The algorithms on the planning graph, at fractions of the predicted temps."""
     model = PROGRAMS[name]()
-    closed, _ = _trace(jax.grad(model.loss_fn), (model.params, model.batch), {})
-    graph = _graph_of(inline_calls(closed))
+    program, _ = trace_program(jax.grad(model.loss_fn), (model.params, model.batch), {},
+                               CallSpec(), {})
+    graph = program.graph
     schedule = get_scheduler("best")(graph)
     base = simulate(graph, schedule)
     fixed = base.input_bytes + base.output_bytes

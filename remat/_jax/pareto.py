@@ -37,7 +37,7 @@ class ParetoRow:
       plan_seconds: planning time (0 for the plain program).
       error: why the limit was refused, if it was.
       status: for ``"optimal"``, the result's status (e.g. ``"heuristic_search"``:
-        the plan is a heuristic's, see :class:`remat.core.algorithms.optimal.OptimalResult`).
+        the plan is a heuristic's, see :class:`remat.core.algorithms.PlanResult`).
     """
     algorithm: str
     limit: Any

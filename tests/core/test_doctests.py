@@ -11,7 +11,7 @@ MODULES = [
     "remat.core.schedulers.list", "remat.core.schedulers.best", "remat.core.plan",
     "remat.core.options", "remat.core.gc_pause", "remat._flags",
     "remat.core.algorithms.consolidate", "remat.core.bounds",
-    "remat.core.algorithms.cost",
+    "remat.core.algorithms.cost", "remat.core.search",
 ]
 
 

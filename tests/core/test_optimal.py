@@ -2,7 +2,7 @@
 
 import pytest
 
-from remat.core.algorithms import ALGORITHMS, OptimalResult, get_algorithm
+from remat.core.algorithms import ALGORITHMS, PlanResult, get_algorithm
 from remat.core.algorithms.optimal import candidates
 from remat.core.graph import GraphBuilder
 from remat.core.options import RematOptions
@@ -35,7 +35,7 @@ def test_meets_reachable_limits_at_no_more_cost_than_heuristics(layers, fraction
     g = training_chain(layers)
     limit = _limit(g, fraction)
     opt = _plan("optimal", g, limit)
-    assert isinstance(opt, OptimalResult)
+    assert isinstance(opt, PlanResult) and opt.status
     assert opt.met and opt.status == "optimal" and opt.gap is not None
     check_schedule(opt.rewritten.graph, opt.rewritten.schedule)
     # the timeline is the one simulator's, of the rewritten program

@@ -9,14 +9,13 @@ from ..graph import Graph
 from ..options import RematOptions
 from .compress import is_expansion, plan_compress
 from .greedy import PlanResult, consolidated
-from .optimal import OptimalResult, plan_optimal
+from .optimal import plan_optimal
 from .path import plan_path
 from .recomputable import recomputable
 from .standard import plan_standard
 from .standardcompress import plan_standardcompress
 
-__all__ = ["ALGORITHMS", "get_algorithm", "may_recompute", "consolidated", "PlanResult",
-           "OptimalResult"]
+__all__ = ["ALGORITHMS", "get_algorithm", "may_recompute", "consolidated", "PlanResult"]
 
 Algorithm = Callable[[Graph, Sequence[int], RematOptions], PlanResult]
 

@@ -62,7 +62,23 @@ class PlanResult:
       rewritten: the rewritten program and its schedule.
       timeline: the simulation of ``rewritten``.
       baseline: the simulation of the original program.
-      limit_bytes: the limit planned for.
+      limit_bytes: the limit planned for (model bytes).
+
+    What a solver proved (``"optimal"``; the defaults elsewhere):
+      status: ``"optimal"`` (proven, under the estimate), ``"time_limit"`` (the
+        best plan found when the time limit stopped the solver; see ``gap``),
+        ``"infeasible"`` (no selection meets the limit: the plan with the least
+        estimated peak instead), ``"heuristic"`` (the plan of ``"path"`` or
+        ``"standard"``, whose regions are candidates too, met the limit and was
+        cheaper than anything the solver found), or ``"no_candidates"``; ``""``
+        for the heuristics.
+      gap: the proven relative gap of the last solve, ``(cost - bound) / cost``
+        (0.0 when optimal; None when nothing was solved).
+      bound: the solver's lower bound on the recompute cost (``flops + 10 *
+        transcendentals``) of any selection meeting the (estimated) limit.
+      solve_seconds: the time spent in the solver, all rounds together.
+      num_candidates: how many candidates the program chose among.
+      rounds: how many times the program was solved.
     """
 
     regions: tuple[Region, ...]
@@ -70,6 +86,12 @@ class PlanResult:
     timeline: Timeline
     baseline: Timeline
     limit_bytes: int
+    status: str = ""
+    gap: float | None = None
+    bound: float | None = None
+    solve_seconds: float = 0.0
+    num_candidates: int = 0
+    rounds: int = 0
 
     @property
     def met(self) -> bool:
@@ -622,7 +644,7 @@ def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
                if (r := _run(graph, schedule, options, phases, keep, baseline, merge))]
     if not results:   # no realizable plan: the program as written, limit not met
         rw, tl = evaluate(graph, schedule, [])
-        return PlanResult((), rw, tl, baseline, options.memory_limit_bytes)
+        return PlanResult((), rw, tl, baseline, options.model_target_bytes)
     best = best_of(results)
     if not best.met or not consolidate:
         return best
@@ -682,7 +704,7 @@ def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,
     A plan whose regions cannot be realized (merged regions depending on each
     other in a cycle, or a rebuild reading a value its own block defines later)
     ends the run, which returns the best plan it had (None if it had none)."""
-    limit = options.memory_limit_bytes
+    limit = options.model_target_bytes
     best: PlanResult | None = None
     target = limit
     for _ in range(_REAIM):

@@ -57,7 +57,7 @@ the simulations seen*; ``status``, ``gap`` and ``bound`` are those of the last
 solve.
 
 When the time limit (``options.solver_seconds``) stops the solver, the best plan
-found so far is returned with its proven relative gap (``OptimalResult.gap``). A
+found so far is returned with its proven relative gap (``PlanResult.gap``). A
 limit no selection can meet is reported with ``status="infeasible"``: the plan
 returned then has the least estimated peak any selection reaches.
 
@@ -98,7 +98,7 @@ from .path import plan_path
 from .recomputable import recomputable
 from .standard import plan_standard
 
-__all__ = ["plan_optimal", "OptimalResult", "Candidate", "candidates"]
+__all__ = ["plan_optimal", "Candidate", "candidates"]
 
 log = logging.getLogger("remat")
 
@@ -106,38 +106,6 @@ log = logging.getLogger("remat")
 MAX_DEPTH = 24
 #: Times the program is solved again after the simulation disagrees.
 _ROUNDS = 12
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimalResult(PlanResult):
-    """A :class:`PlanResult` with what the solver proved.
-
-    Attributes:
-      status: ``"optimal"`` (proven, under the estimate), ``"time_limit"`` (the
-        best plan found when the time limit stopped the solver; see ``gap``),
-        ``"infeasible"`` (no selection meets the limit: the plan with the least
-        estimated peak instead), ``"heuristic"`` (the plan of ``"path"`` or
-        ``"standard"``, whose regions are candidates too, met the limit and was
-        cheaper than anything the solver found: the estimate misjudged a
-        selection, or the time limit stopped it), or ``"no_candidates"``.
-        ``remat.jit``/``remat.plan`` add ``"heuristic_search"``: XLA read every
-        plan of the optimal search over the limit and the plan is the one
-        ``"path"``'s (or ``"standard"``'s) own search met it with.
-      gap: the proven relative gap of the last solve, ``(cost - bound) / cost``
-        (0.0 when optimal; None when nothing was solved).
-      bound: the solver's lower bound on the recompute cost (``flops + 10 *
-        transcendentals``) of any selection meeting the (estimated) limit.
-      solve_seconds: the time spent in the solver, all rounds together.
-      num_candidates: how many candidates the program chose among.
-      rounds: how many times the program was solved.
-    """
-
-    status: str = ""
-    gap: float | None = None
-    bound: float | None = None
-    solve_seconds: float = 0.0
-    num_candidates: int = 0
-    rounds: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -586,9 +554,9 @@ class _Program:
 
 
 def plan_optimal(graph: Graph, schedule: Sequence[int],
-                 options: RematOptions) -> OptimalResult:
+                 options: RematOptions) -> PlanResult:
     """Plans with the ``"optimal"`` algorithm (see the module docstring)."""
-    limit = options.memory_limit_bytes
+    limit = options.model_target_bytes
     clock = time.perf_counter()
     baseline = simulate(graph, schedule)
     heuristics = [heuristic(graph, schedule, options)
@@ -601,8 +569,8 @@ def plan_optimal(graph: Graph, schedule: Sequence[int],
         "(%.2f s)", graph.num_ops, len(cands), len(program.groups),
         len(program.conflicts), time.perf_counter() - clock)
 
-    def result(regions, rw, tl, **kw) -> OptimalResult:
-        return OptimalResult(tuple(rw.regions), rw, tl, baseline, limit,
+    def result(regions, rw, tl, **kw) -> PlanResult:
+        return PlanResult(tuple(rw.regions), rw, tl, baseline, limit,
                              num_candidates=len(cands), **kw)
 
     if baseline.peak_bytes <= limit or not cands:
@@ -613,7 +581,7 @@ def plan_optimal(graph: Graph, schedule: Sequence[int],
 
     deadline = clock + options.solver_seconds
     target = limit
-    best: OptimalResult | None = None
+    best: PlanResult | None = None
     solve_s = 0.0
     status, gap, bound = "", None, None
     rounds = 0

@@ -1,0 +1,228 @@
+"""The automatic pass's search on a real program: columns that plan, XLA that measures.
+
+This module gives :mod:`remat.core.search` its two callables for one traced
+:class:`~remat._jax.program.Program`: each column plans with one algorithm on one
+order of the ops (``remat.core.algorithms``), and ``measure`` rewrites the plan
+(``rewrite.py``) and compiles it, reading XLA's footprint. The frontier of each
+program and setting lives for the process (:func:`planner_for`), so asking
+``remat.plan`` for 0.5 and then 0.6 of the same program reuses every compile.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any
+
+from remat._jax.compat import core
+from remat._jax.program import Program
+from remat._jax.rewrite import rewrite_jaxpr
+from remat._jax.xla_figures import XlaFootprint
+from remat.core.algorithms import (PlanResult, consolidated, get_algorithm,
+                                   may_recompute)
+from remat.core.bounds import planner_floor
+from remat.core.gc_pause import gc_paused
+from remat.core.options import PORTFOLIO, RematOptions
+from remat.core.schedulers import get_scheduler
+from remat.core.schedulers.best import ranked_schedules
+from remat.core.search import Candidate, Column, Frontier, Point, rungs
+from remat.core.simulate import Timeline, simulate
+
+__all__ = ["Measured", "Planner", "planner_for", "PORTFOLIO_ALGORITHMS",
+           "OPTIMAL_MAX_OPS"]
+
+#: The algorithms of the default, in the order its walks try them.
+PORTFOLIO_ALGORITHMS = ("path", "standard", "optimal")
+#: ``"optimal"`` joins the default only for graphs of at most this many ops (and on
+#: the first order only): each rung is an integer program, whose time grows fast
+#: with the program, and the default should answer in about a compile's time.
+OPTIMAL_MAX_OPS = 400
+#: The time limit of each of ``"optimal"``'s solves in the default (seconds; the
+#: best selection found by then is used): it is tried after the heuristics.
+OPTIMAL_DEFAULT_SECONDS = 5.0
+#: The smallest default small-node limit tried before none at all (bytes).
+_SMALLEST_SMALL_NODE = 4096
+#: Frontiers kept for the process (the least recently used one goes first).
+_CACHED_PROGRAMS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """What a :class:`~remat.core.search.Point` keeps of a compiled plan."""
+    result: PlanResult
+    jaxpr: core.ClosedJaxpr
+    compiled: Any
+    footprint: XlaFootprint
+    small_node_bytes: int
+
+
+class Planner:
+    """The frontier of one program under one setting, with what the answers need.
+
+    Attributes:
+      program: the traced program.
+      options: the settings (``algorithm``, ``scheduler``, small-node limit, ...).
+      baseline: XLA's footprint of the program as written.
+      frontier: the search's points (:class:`remat.core.search.Frontier`).
+      orders: the orders planned on, with their simulations.
+      plan_seconds, compile_seconds: time spent planning and rewriting, and in
+        XLA's compiles (the plain program's included), since the planner was made.
+      answers: how many limits it has answered.
+    """
+
+    def __init__(self, program: Program, options: RematOptions):
+        self.program, self.options = program, options
+        self.plan_seconds = self.compile_seconds = 0.0
+        self.answers = 0     # limits answered so far
+        start = time.perf_counter()
+        graph = program.graph
+        with gc_paused():
+            if options.scheduler == "best":
+                self.orders = ranked_schedules(graph)
+            else:
+                order = get_scheduler(options.scheduler)(graph)
+                self.orders = [(order, simulate(graph, order, check=False))]
+        self.plan_seconds += time.perf_counter() - start
+        t = time.perf_counter()
+        compiled = program.compile(program.flat)
+        self.baseline = XlaFootprint.of(compiled)
+        self.compile_seconds += time.perf_counter() - t
+        self._floors: dict[tuple[int, int, str], int] = {}
+        # The first order with each algorithm first (the strongest planner last
+        # among them), then the other orders: a new order costs compiles of its
+        # own plans, which on the first order are often those of another algorithm.
+        columns = [self._column(name, k) for k in range(len(self.orders))
+                   for name in self.algorithms()
+                   if k == 0 or name != "optimal" or options.algorithm == "optimal"]
+        plain = Point((), self.baseline.total, 0.0, "plain",
+                      Measured(self._plain_result(), program.flat, compiled,
+                               self.baseline, 0))
+        self.frontier = Frontier(columns, self._measure, plain)
+
+    def algorithms(self) -> tuple[str, ...]:
+        """The algorithms planned with: the one chosen, or the default's."""
+        if self.options.algorithm != PORTFOLIO:
+            return (self.options.algorithm,)
+        small = self.program.graph.num_ops <= OPTIMAL_MAX_OPS
+        return tuple(a for a in PORTFOLIO_ALGORITHMS if a != "optimal" or small)
+
+    def answer(self, limit: int) -> Point | None:
+        """The cheapest point within ``limit`` (XLA bytes), searching as deep as
+        needed; None if no plan of the frontier is within it, or at once if the
+        limit is below what any program with these arguments and outputs holds."""
+        self.answers += 1
+        if limit < self.baseline.held_whatever:
+            return None
+        return self.frontier.answer(limit)
+
+    # ---------------------------------------------------------------- columns
+
+    def floor(self, order: int, small: int, algorithm: str) -> int:
+        """The planner's floor on an order with a small-node limit (model bytes)."""
+        key = (order, small, algorithm)
+        if key not in self._floors:
+            self._floors[key] = planner_floor(self.program.graph, self.orders[order][1],
+                                              small, may_recompute(algorithm))
+        return self._floors[key]
+
+    def small_node_bytes(self, order: int, target: int, algorithm: str) -> int:
+        """The small-node limit for a target: the one given; or the default,
+        halved while the values it keeps put the target out of reach, and none
+        if even the smallest does."""
+        small = self.options.small_node_bytes
+        if self.options.small_node_given:
+            return small
+        while small > _SMALLEST_SMALL_NODE and self.floor(order, small, algorithm) > target:
+            small //= 2
+        return small if self.floor(order, small, algorithm) <= target else 0
+
+    def _column(self, algorithm: str, order: int) -> Column:
+        schedule, timeline = self.orders[order]
+        least = 0 if not self.options.small_node_given else self.options.small_node_bytes
+        peak = timeline.peak_bytes
+        scratch = self.baseline.scratch
+        per_xla = peak / max(self.baseline.total - scratch, 1)
+        name = algorithm if len(self.orders) == 1 else f"{algorithm}/order {order}"
+
+        infeasible: list[tuple[int, Candidate]] = []   # optimal: (target, plan)
+        seconds = self.options.solver_seconds
+        if algorithm == "optimal" and self.options.algorithm == PORTFOLIO:
+            seconds = min(seconds, OPTIMAL_DEFAULT_SECONDS)
+
+        def plan(target: int) -> Candidate:
+            below = [c for t, c in infeasible if target <= t]
+            if below:
+                # No selection meets a higher target: none meets this one, and the
+                # solver would return the same least-peak plan after a long proof.
+                return below[0]
+            start = time.perf_counter()
+            small = self.small_node_bytes(order, target, algorithm)
+            options = dataclasses.replace(self.options, model_target_bytes=target,
+                                          algorithm=algorithm, small_node_bytes=small,
+                                          solver_seconds=seconds)
+            with gc_paused():
+                result = get_algorithm(algorithm)(self.program.graph, schedule, options)
+                if not result.met and algorithm != "optimal":
+                    # Regions are merged only within the target; a plan that missed
+                    # it is merged within its own peak: the same peak, less recompute.
+                    result = consolidated(self.program.graph, schedule, result,
+                                          result.timeline.peak_bytes)
+            self.plan_seconds += time.perf_counter() - start
+            cand = Candidate(result.regions, result.timeline.peak_bytes,
+                             result.extra_flops, (result, small))
+            if result.status == "infeasible" and small == 0:
+                infeasible.append((target, cand))
+            return cand
+
+        return Column(name, rungs(self.floor(order, least, algorithm), peak), per_xla,
+                      lambda limit: int(max(limit - scratch, 0) * per_xla), plan)
+
+    def _measure(self, cand: Candidate) -> Point:
+        result, small = cand.payload
+        start = time.perf_counter()
+        with gc_paused():
+            flat = self.program.flat
+            jaxpr = core.ClosedJaxpr(rewrite_jaxpr(flat.jaxpr, result.rewritten),
+                                     flat.consts)
+        t = time.perf_counter()
+        compiled = self.program.compile(jaxpr)
+        footprint = XlaFootprint.of(compiled)
+        done = time.perf_counter()
+        self.plan_seconds += t - start
+        self.compile_seconds += done - t
+        return Point(cand.key, footprint.total, cand.extra_flops, "",
+                     Measured(result, jaxpr, compiled, footprint, small))
+
+    def _plain_result(self) -> PlanResult:
+        """The result of planning nothing (the program as written)."""
+        schedule, timeline = self.orders[0]
+        options = dataclasses.replace(self.options, model_target_bytes=timeline.peak_bytes,
+                                      algorithm="path", small_node_bytes=0)
+        return get_algorithm("path")(self.program.graph, schedule, options)
+
+    def model_timeline(self) -> Timeline:
+        """The simulation of the program as written, on the first order."""
+        return self.orders[0][1]
+
+
+_PLANNERS: collections.OrderedDict[Any, Planner] = collections.OrderedDict()
+
+
+def planner_for(program: Program, options: RematOptions) -> Planner:
+    """The planner of ``program`` under ``options``, kept for the process: a
+    program traced again with the same structure, constants and call reuses it."""
+    key = (program.key, options.algorithm, options.scheduler, options.small_node_bytes,
+           options.small_node_given, options.solver_seconds, options.max_chain_ops)
+    planner = _PLANNERS.pop(key, None)
+    if planner is None:
+        planner = Planner(program, options)
+    _PLANNERS[key] = planner
+    while len(_PLANNERS) > _CACHED_PROGRAMS:
+        _PLANNERS.popitem(last=False)
+    return planner
+
+
+def forget_planners() -> None:
+    """Drops every kept frontier (for tests and benchmarks that time a first call)."""
+    _PLANNERS.clear()

@@ -1,0 +1,252 @@
+"""The program the automatic pass plans: how a call is traced, flattened, compiled.
+
+A call ``fun(*args, **kwargs)`` is split as ``jax.jit`` splits it, plus what
+``equinox.filter_jit`` adds: arguments named by ``static_argnums`` /
+``static_argnames`` are static (hashed, baked into the trace), and inside the other
+arguments every leaf that is not an array (a function, a string, None, an
+object) is static too. What remains, the arrays and Python numbers, are the
+program's dynamic inputs, in a fixed order (:class:`CallSplit`).
+
+The pipeline: trace (``jax.make_jaxpr`` of the dynamic inputs) -> flatten
+(``inline.inline_calls``) -> planning graph (``to_graph.jaxpr_to_graph``); then,
+for each plan, rewrite (``rewrite.rewrite_jaxpr``) -> compile (:meth:`Program.compile`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import numpy as np
+
+from remat._jax.compat import core
+from remat._jax.inline import inline_calls
+from remat._jax.to_graph import jaxpr_to_graph
+from remat.core.graph import Graph
+
+__all__ = ["CallSpec", "CallSplit", "Program", "trace_program", "is_dynamic"]
+
+_NUMBERS = (bool, int, float, complex)
+
+
+def is_dynamic(leaf: Any) -> bool:
+    """Whether a leaf is traced (an array or a Python number, as ``jax.jit``
+    traces them) rather than static."""
+    return (isinstance(leaf, (jax.Array, np.ndarray, np.generic) + _NUMBERS) or
+            hasattr(leaf, "__jax_array__"))
+
+
+class _Static:
+    """A whole static argument, kept as one leaf."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return type(other) is _Static and self.value == other.value
+
+    def __hash__(self):
+        return hash(self.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSpec:
+    """Which arguments of ``fun`` are static or donated, by position and name,
+    as ``jax.jit`` takes them (names and positions completed from ``fun``'s
+    signature where it has one)."""
+    static_argnums: frozenset[int] = frozenset()
+    static_argnames: frozenset[str] = frozenset()
+    donate_argnums: frozenset[int] = frozenset()
+    donate_argnames: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, fun: Callable, jit_kwargs: dict) -> "CallSpec":
+        """Takes ``static_*`` and ``donate_*`` out of ``jit_kwargs``."""
+        def take(key, kind):
+            value = jit_kwargs.pop(key, None)
+            if value is None:
+                return set()
+            items = {value} if isinstance(value, kind) else set(value)
+            if not all(isinstance(v, kind) and not isinstance(v, bool) for v in items):
+                raise ValueError(f"remat.jit: {key}={value!r}; accepted: "
+                                 f"{'an int or ints' if kind is int else 'a str or strs'}.")
+            return items
+        spec = [take("static_argnums", int), take("static_argnames", str),
+                take("donate_argnums", int), take("donate_argnames", str)]
+        try:
+            params = list(inspect.signature(fun).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        positional = [p.name for p in params if p.kind in (
+            p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        for nums, names in ((spec[0], spec[1]), (spec[2], spec[3])):
+            for i in list(nums):
+                if -len(positional) <= i < len(positional):
+                    names.add(positional[i])
+            nums |= {i for i, name in enumerate(positional) if name in names}
+        if spec[0] & spec[2] or spec[1] & spec[3]:
+            raise ValueError("remat.jit: an argument cannot be both static and donated.")
+        return cls(*map(frozenset, spec))
+
+    def _static(self, i: int, n: int) -> bool:
+        return i in self.static_argnums or i - n in self.static_argnums
+
+    def _donated(self, i: int, n: int) -> bool:
+        return i in self.donate_argnums or i - n in self.donate_argnums
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSplit:
+    """One call, split into its dynamic leaves and the rest.
+
+    Attributes:
+      dynamic: the traced inputs, in the program's order.
+      key: hashable; equal for calls that give the same program.
+      donated: positions in ``dynamic`` of donated inputs.
+      rebuild: dynamic leaves (or tracers) -> ``(args, kwargs)``.
+    """
+    dynamic: tuple
+    key: Any
+    donated: tuple[int, ...]
+    rebuild: Callable[[Iterable], tuple[tuple, dict]]
+
+    @classmethod
+    def of(cls, args: tuple, kwargs: dict, spec: CallSpec) -> "CallSplit":
+        n = len(args)
+        entries = [(i, a, spec._static(i, n), spec._donated(i, n))
+                   for i, a in enumerate(args)]
+        entries += [(k, kwargs[k], k in spec.static_argnames, k in spec.donate_argnames)
+                    for k in sorted(kwargs)]
+        trees, kinds, statics, dynamic, donated = [], [], [], [], []
+        for _, value, static, donate in entries:
+            leaves, tree = jax.tree_util.tree_flatten(_Static(value) if static else value)
+            trees.append((tree, len(leaves)))
+            for leaf in leaves:
+                dyn = is_dynamic(leaf)
+                kinds.append(dyn)
+                if dyn:
+                    donated += [len(dynamic)] if donate else []
+                    dynamic.append(leaf)
+                else:
+                    statics.append(leaf)
+        try:
+            hash(tuple(statics))
+        except TypeError as e:
+            raise ValueError(f"remat.jit: a static argument or non-array leaf is not "
+                             f"hashable ({e}); static values must be hashable, as for "
+                             "jax.jit's static_argnums.") from None
+        names = [k for k, *_ in entries]
+
+        def rebuild(dyn):
+            return _assemble(trees, kinds, statics, list(dyn), names, n)
+
+        avals = tuple((core.shaped_abstractify(x), getattr(x, "sharding", None))
+                      for x in dynamic)
+        key = (tuple(names), n, tuple(t for t, _ in trees), tuple(kinds), tuple(statics),
+               avals, tuple(donated))
+        return cls(tuple(dynamic), key, tuple(donated), rebuild)
+
+
+def _assemble(trees, kinds, statics, dyn, names, n):
+    """``(args, kwargs)`` from the dynamic leaves ``dyn`` and the static ones."""
+    dyn, stat = iter(dyn), iter(statics)
+    built, pos = [], 0
+    for tree, count in trees:
+        leaves = [next(dyn) if kinds[pos + j] else next(stat) for j in range(count)]
+        pos += count
+        value = jax.tree_util.tree_unflatten(tree, leaves)
+        built.append(value.value if isinstance(value, _Static) else value)
+    return tuple(built[:n]), dict(zip(names[n:], built[n:]))
+
+
+@dataclasses.dataclass
+class Program:
+    """A traced, flattened program and what it needs to be compiled.
+
+    Attributes:
+      flat: the flattened program (no nested calls); its inputs are the call's
+        dynamic leaves.
+      graph: its planning graph (op ``i`` is equation ``i`` of ``flat``).
+      out_tree: the structure of its outputs.
+      specs: the abstract dynamic inputs (shapes, dtypes, shardings) it is
+        compiled for; no array of the call is kept.
+      donated: positions of donated inputs.
+      jit_kwargs: the other arguments of ``jax.jit`` to compile with.
+      key: hashable: the program's structure, constants and call (equal keys,
+        the same compiled programs).
+    """
+    flat: core.ClosedJaxpr
+    graph: Graph
+    out_tree: Any
+    specs: tuple
+    donated: tuple[int, ...]
+    jit_kwargs: dict
+    key: Any
+
+    def function(self, closed: core.ClosedJaxpr) -> Callable:
+        """``closed`` (a rewrite of ``flat``) as a jitted function of the dynamic
+        leaves, returning the original output structure."""
+        def run(*dynamic):
+            outs = core.jaxpr_as_fun(closed)(*dynamic)
+            return jax.tree_util.tree_unflatten(self.out_tree, outs)
+        return jax.jit(run, donate_argnums=self.donated, **self.jit_kwargs)
+
+    def lower(self, closed: core.ClosedJaxpr):
+        """``closed`` lowered for the program's abstract inputs."""
+        return self.function(closed).lower(*self.specs)
+
+    def compile(self, closed: core.ClosedJaxpr):
+        """``closed`` compiled for the call's dynamic leaves."""
+        return self.lower(closed).compile()
+
+
+def trace_program(fun: Callable, args: tuple, kwargs: dict, spec: CallSpec,
+                  jit_kwargs: dict) -> tuple[Program, CallSplit]:
+    """Traces ``fun(*args, **kwargs)``, flattens it and builds its planning graph;
+    the program, and the call split as it was traced."""
+    split = CallSplit.of(args, kwargs, spec)
+
+    def flat_fun(*dynamic):
+        a, k = split.rebuild(dynamic)
+        return fun(*a, **k)
+
+    closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*split.dynamic)
+    flat = inline_calls(closed)
+    graph = jaxpr_to_graph(flat)
+    if [op.label for op in graph.ops] != [e.primitive.name for e in flat.jaxpr.eqns]:
+        raise AssertionError("remat internal error: the planning graph does not match "
+                             "the flattened program equation for equation.")
+    key = (str(flat.jaxpr), _digest(flat.consts), split.key,
+           tuple(sorted((k, repr(v)) for k, v in jit_kwargs.items())),
+           jax.default_backend())
+    program = Program(flat, graph, jax.tree_util.tree_structure(out_shape),
+                      tuple(_spec(x) for x in split.dynamic), split.donated,
+                      dict(jit_kwargs), key)
+    return program, split
+
+
+def _spec(x) -> jax.ShapeDtypeStruct:
+    """The abstract value a dynamic input is compiled for (its sharding only if it
+    spans several devices, as ``jax.jit`` places single-device inputs itself)."""
+    aval = core.shaped_abstractify(x)
+    sharding = getattr(x, "sharding", None)
+    if sharding is not None and len(sharding.device_set) < 2:
+        sharding = None
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding,
+                                weak_type=aval.weak_type)
+
+
+def _digest(consts) -> str:
+    """A digest of the program's constants: programs that differ only in a
+    constant's value compile to different programs."""
+    h = hashlib.blake2b(digest_size=16)
+    for c in consts:
+        a = np.asarray(c)
+        h.update(repr((a.shape, a.dtype)).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()

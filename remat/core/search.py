@@ -1,0 +1,256 @@
+"""The search of the automatic pass: which plans to compile, and which to answer with.
+
+The planner plans in a model of memory; the compiler's figure of the compiled
+program is the truth, and the two disagree by a few percent in ways no model
+predicts (how the compiler packs its heap, what it fuses and reorders). So the
+search never trusts the model's verdict: each plan it compiles becomes a measured
+:class:`Point` (compiled footprint, extra FLOPs), and a limit is answered with the
+cheapest point known within it.
+
+Columns and rungs. A column is one way of planning (an algorithm on one order of
+the program's ops). It is asked for plans only at a fixed ladder of model
+targets: :data:`RUNGS` rungs evenly spaced from the column's floor (the least peak
+it can reach) up to the plain program's peak, and :data:`FINE_RUNGS` more just
+above the floor. A plan depends only on its column
+and rung, so the plans of a program form a finite set, the same whatever limits
+are asked: its frontier, compiled lazily, as deep as the limits asked need.
+
+Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
+
+1. The plain program, if it is within the limit.
+2. On each column in turn, a walk: from the highest rung at or below the
+   column's estimate of the limit in the model, compile; while the compiler reads
+   the plan over the limit, step down by the miss converted into the model (at
+   least one rung); once a plan is within it, bisect the rungs the last step
+   skipped (at most :data:`REFINES` plans: a higher rung recomputes less). The
+   first column whose walk meets the limit ends the walks.
+3. If no walk met it, on each column every rung at or below its start not
+   planned yet, until a plan is within the limit.
+4. The answer: the cheapest point known (from any limit asked of this frontier
+   before, too) within the limit; None only if every plan of the frontier is over.
+
+Guarantees, by construction:
+
+* The start rung of a column never falls as the limit rises, and a limit is
+  refused only when every rung of every column at or below its start is over it.
+  So a limit that any one column meets (``algorithm=`` selects one algorithm's
+  columns) is met by a frontier holding that column and others, since a column
+  plans nothing above its start for a limit.
+* Monotone: a point within a limit is within every higher one. A higher limit
+  asked afterwards is met with no more recompute. A higher limit asked of a fresh
+  frontier is met too: the plan that met the lower one sits at or below the
+  lower limit's start, so at or below the higher limit's, where step 3 looks.
+
+>>> col = Column("demo", rungs=(10, 20, 30), model_per_xla=1.0,
+...              estimate=lambda limit: limit,
+...              plan=lambda target: Candidate(target, target, 100.0 - target))
+>>> f = Frontier([col], lambda c: Point(c.key, c.model_peak + 5, c.extra_flops, "demo"))
+>>> f.answer(22).footprint, f.compiles       # rung 20 reads 25: one rung down
+(15, 2)
+>>> f.answer(26).footprint, f.answer(26).extra_flops, f.compiles
+(25, 80.0, 2)
+>>> f.answer(40).footprint, f.answer(9) is None, f.exhausted
+(35, True, True)
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+__all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "Candidate", "Point", "Column", "Frontier", "rungs"]
+
+log = logging.getLogger("remat")
+
+#: Model targets per column, from its floor to the plain peak. More rungs: plans
+#: nearer any limit (less recompute), and a longer walk of every rung before a
+#: limit is refused.
+RUNGS = 32
+#: Extra rungs in the lowest of the ``RUNGS`` intervals, evenly spaced: near its
+#: floor a column has few plans left, and how the compiler packs each one's heap
+#: (holes of a few percent) decides a tight limit more than the model does.
+FINE_RUNGS = 8
+#: Plans compiled, at most, to bisect back up towards a limit after a step down
+#: overshot it (each one recomputes less, if the compiler reads it within).
+REFINES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A plan, before it is compiled.
+
+    Attributes:
+      key: the plan's identity: equal keys, the same program (compiled once).
+      model_peak: its peak in the planner's model.
+      extra_flops: the FLOPs it recomputes.
+      payload: whatever the caller needs to compile it.
+    """
+    key: Hashable
+    model_peak: int
+    extra_flops: float
+    payload: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """A compiled plan: its compiled footprint and its recompute.
+
+    Attributes:
+      key: the key of its :class:`Candidate`.
+      footprint: bytes, as the compiler reports them.
+      extra_flops: the FLOPs it recomputes.
+      column: the name of the column that planned it first.
+      payload: whatever the caller keeps of it (the compiled program).
+    """
+    key: Hashable
+    footprint: int
+    extra_flops: float
+    column: str
+    payload: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One way of planning a program.
+
+    Attributes:
+      name: shown in logs and answers (e.g. ``"path"``).
+      rungs: the model targets it plans for, ascending (:func:`rungs`).
+      model_per_xla: model bytes per compiled byte (to convert a miss).
+      estimate: a compiled limit -> the model target expected to meet it
+        (non-decreasing in the limit).
+      plan: a model target -> the :class:`Candidate` planned for it.
+    """
+    name: str
+    rungs: tuple[int, ...]
+    model_per_xla: float
+    estimate: Callable[[int], int]
+    plan: Callable[[int], Candidate]
+
+
+def rungs(floor: int, peak: int, count: int = RUNGS, fine: int = FINE_RUNGS
+          ) -> tuple[int, ...]:
+    """``count`` model targets evenly spaced from ``floor`` up to, not including,
+    ``peak``, and ``fine`` more in the lowest interval (distinct, ascending).
+
+    >>> rungs(100, 200, 4, fine=0)
+    (100, 125, 150, 175)
+    >>> rungs(100, 200, 4, fine=5)
+    (100, 105, 110, 115, 120, 125, 150, 175)
+    """
+    floor = min(floor, peak)
+    span = peak - floor
+    coarse = {floor + span * j // count for j in range(count)}
+    return tuple(sorted(coarse | {floor + span * j // (count * fine)
+                                  for j in range(fine)}))
+
+
+class Frontier:
+    """The points of one program compiled so far, and the search over them.
+
+    Arguments:
+      columns: the ways of planning, in the order the walks try them.
+      measure: a :class:`Candidate` -> its :class:`Point` (compiles it).
+      plain: the plain program's point, if known (it meets every limit above it).
+    """
+
+    def __init__(self, columns: Sequence[Column], measure: Callable[[Candidate], Point],
+                 plain: Point | None = None):
+        self.columns = tuple(columns)
+        self._measure = measure
+        self.plain = plain
+        self.points: dict[Hashable, Point] = {}        # by plan key
+        if plain is not None:      # a plan recomputing nothing is the plain program
+            self.points[plain.key] = plain
+        self._planned: dict[tuple[int, int], Candidate] = {}   # (column, rung)
+        self.compiles = 0
+
+    def point(self, column: int, rung: int) -> Point:
+        """The plan of ``column`` at ``rung``, compiled (each plan once)."""
+        cand = self._planned.get((column, rung))
+        if cand is None:
+            col = self.columns[column]
+            cand = self._planned[column, rung] = col.plan(col.rungs[rung])
+        known = self.points.get(cand.key)
+        if known is None:
+            self.compiles += 1
+            known = self.points[cand.key] = dataclasses.replace(
+                self._measure(cand), column=self.columns[column].name)
+            log.info("remat: %s at model target %d: footprint %d, +%.3g FLOPs",
+                     known.column, self.columns[column].rungs[rung], known.footprint,
+                     known.extra_flops)
+        return known
+
+    def walk(self, column: int, limit: int) -> bool:
+        """Step 2 of the module's search on one column; True if a plan met it."""
+        col = self.columns[column]
+        k = self.start(column, limit)
+        missed = None
+        while True:
+            p = self.point(column, k)
+            if p.footprint <= limit:
+                break
+            if k == 0:
+                return False
+            missed = k
+            peak = min(col.rungs[k], self._planned[column, k].model_peak)
+            target = peak - math.ceil((p.footprint - limit) * col.model_per_xla)
+            k = max(min(k - 1, bisect.bisect_right(col.rungs, target) - 1), 0)
+        met = k
+        for _ in range(REFINES):
+            if missed is None or missed - met <= 1:
+                break
+            mid = (met + missed) // 2
+            if self.point(column, mid).footprint <= limit:
+                met = mid
+            else:
+                missed = mid
+        return True
+
+    def start(self, column: int, limit: int) -> int:
+        """The rung a column starts at for ``limit``: the highest at or below the
+        column's estimate of it (the lowest if none is); never lower for a
+        higher limit."""
+        col = self.columns[column]
+        return max(bisect.bisect_right(col.rungs, col.estimate(limit)) - 1, 0)
+
+    def fill(self, limit: int) -> bool:
+        """Step 3: the rungs at or below each column's start not planned yet, from
+        the top down, until a plan meets ``limit``; True if one did."""
+        for c in range(len(self.columns)):
+            for k in reversed(range(self.start(c, limit) + 1)):
+                if (c, k) not in self._planned and self.point(c, k).footprint <= limit:
+                    return True
+        return False
+
+    def best_under(self, limit: int) -> Point | None:
+        """The cheapest point known within ``limit`` (fewest extra FLOPs, then
+        the least footprint)."""
+        within = [p for p in self._known() if p.footprint <= limit]
+        return min(within, key=lambda p: (p.extra_flops, p.footprint), default=None)
+
+    def lowest(self) -> Point | None:
+        """The point of the least footprint known."""
+        return min(self._known(), key=lambda p: (p.footprint, p.extra_flops),
+                   default=None)
+
+    def answer(self, limit: int) -> Point | None:
+        """The cheapest point within ``limit`` after searching for it (the module's
+        steps 1-4); None if no plan of the frontier is within it."""
+        if self.plain is not None and self.plain.footprint <= limit:
+            return self.plain
+        if not any(self.walk(c, limit) for c in range(len(self.columns))):
+            self.fill(limit)
+        return self.best_under(limit)
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether every rung of every column has been planned."""
+        return len(self._planned) == sum(len(c.rungs) for c in self.columns)
+
+    def _known(self) -> list[Point]:
+        return list(self.points.values())

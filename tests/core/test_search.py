@@ -1,0 +1,148 @@
+"""remat.core.search: the search policy, with the compiler replaced by a rule.
+
+The fake "compiler" reads a plan's footprint as its model peak plus a noise that
+depends on the plan alone (as XLA's heap packing does): footprints are not
+monotone in the planning target, which is what the search must survive.
+"""
+
+import random
+
+from hypothesis import given, settings, strategies as st
+
+from remat.core.search import (FINE_RUNGS, REFINES, RUNGS, Candidate, Column, Frontier,
+                               Point, rungs)
+
+PEAK, FLOOR = 1000, 300
+
+
+def _column(name, seed, step=37, per_xla=1.0):
+    """Plans come in steps of ``step`` model bytes (a target gives the plan of
+    the step at or below it, none below the floor); each recomputes more the
+    lower it goes."""
+    def plan(target):
+        peak = max(FLOOR, target - (target - FLOOR) % step)
+        return Candidate((name, peak), peak, float(PEAK - peak) * (1 + seed % 3))
+    return Column(name, rungs(FLOOR, PEAK), per_xla, lambda limit: int(limit * per_xla),
+                  plan)
+
+
+def _fake_compiler(seed, spread=120):
+    """A plan's footprint: its model peak, then up to ``spread`` over or under it,
+    decided by the plan alone; ``compiled`` counts the plans measured."""
+    compiled = []
+
+    def measure(cand):
+        compiled.append(cand.key)
+        noise = random.Random(hash((seed, cand.key))).randint(-spread // 3, spread)
+        return Point(cand.key, cand.model_peak + noise, cand.extra_flops, "")
+    return measure, compiled
+
+
+def _frontier(seed, names=("a", "b")):
+    measure, compiled = _fake_compiler(seed)
+    plain = Point((), PEAK + 50, 0.0, "plain")
+    columns = [_column(n, seed + k, step=23 + 14 * k) for k, n in enumerate(names)]
+    return Frontier(columns, measure, plain), compiled
+
+
+def test_rungs_span_floor_to_peak():
+    r = rungs(FLOOR, PEAK)
+    assert r[0] == FLOOR and r[-1] < PEAK and list(r) == sorted(r)
+    assert len(r) == RUNGS + FINE_RUNGS - 1          # the floor is in both sets
+    assert sum(x < r[0] + (PEAK - FLOOR) // RUNGS for x in r) == FINE_RUNGS
+    assert rungs(500, 500) == (500,)
+
+
+def test_each_plan_is_compiled_once():
+    f, compiled = _frontier(0)
+    for limit in (900, 700, 900, 500, 700, 1100):
+        f.answer(limit)
+    assert len(compiled) == len(set(compiled))
+    assert f.answer(1100).key == ()            # the plain program meets it: no compile
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), order=st.permutations(list(range(250, 1100, 25))))
+def test_answers_are_monotone_whatever_the_order_of_the_limits(seed, order):
+    f, _ = _frontier(seed)
+    for limit in order:
+        f.answer(limit)
+    # asked again, in any order: a higher limit never costs more or is refused
+    answers = {limit: f.answer(limit) for limit in sorted(order)}
+    met = [limit for limit, a in answers.items() if a is not None]
+    assert met == sorted(order)[len(order) - len(met):]      # refused: only a prefix
+    costs = [answers[limit].extra_flops for limit in met]
+    assert costs == sorted(costs, reverse=True)
+    for limit in met:
+        assert answers[limit].footprint <= limit
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), low=st.integers(250, 1000), rise=st.integers(1, 300))
+def test_a_fresh_search_meets_every_limit_above_one_met(seed, low, rise):
+    lower, _ = _frontier(seed)
+    higher, _ = _frontier(seed)
+    if lower.answer(low) is not None:
+        assert higher.answer(low + rise) is not None
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), limit=st.integers(250, 1000))
+def test_a_portfolio_meets_what_any_of_its_columns_meets(seed, limit):
+    alone = {}
+    for name in ("a", "b"):
+        measure, _ = _fake_compiler(seed)
+        k = ("a", "b").index(name)
+        col = _column(name, seed + k, step=23 + 14 * k)
+        alone[name] = Frontier([col], measure).answer(limit)
+    both, _ = _frontier(seed)
+    if any(alone.values()):
+        got = both.answer(limit)
+        assert got is not None and got.footprint <= limit
+
+
+def test_refused_only_when_every_rung_below_the_start_is_over():
+    measure, compiled = _fake_compiler(1, spread=0)
+    f = Frontier([_column("a", 0)], measure)
+    assert f.answer(FLOOR - 1) is None
+    # every rung at or below the start planned: here, the estimate is under the
+    # floor, so the start is the lowest rung
+    assert f.start(0, FLOOR - 1) == 0 and len(compiled) == 1
+    assert f.answer(FLOOR).footprint == FLOOR      # the least reached is met
+
+
+def test_a_miss_steps_down_by_the_miss_then_bisects_back():
+    # The compiler reads every plan 100 over its model peak above 700, and 100
+    # under at or below it: the walk misses, steps down by the miss, overshoots
+    # into the "under" zone, and bisects back towards the limit.
+    steps = []
+
+    def measure(cand):
+        steps.append(cand.model_peak)
+        over = 100 if cand.model_peak > 700 else -100
+        return Point(cand.key, cand.model_peak + over, cand.extra_flops, "")
+
+    col = Column("a", rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
+                 lambda t: Candidate(t, t, float(PEAK - t)))
+    f = Frontier([col], measure)
+    best = f.answer(850)
+    assert steps[0] <= 850 and steps[1] < steps[0] - 99     # stepped by the miss
+    assert 1 <= len(steps) - 2 <= REFINES and max(steps[2:]) > steps[1]
+    assert best.footprint <= 850 and best.extra_flops == min(
+        PEAK - s for s in steps if s + (100 if s > 700 else -100) <= 850)
+
+
+def test_the_first_column_that_meets_ends_the_walks():
+    measure, compiled = _fake_compiler(2, spread=0)
+    f = Frontier([_column("a", 0), _column("b", 1)], measure)
+    assert f.answer(800).column == "a" and {k[0] for k in compiled} == {"a"}
+
+
+def test_the_answer_is_the_cheapest_known_within_the_limit():
+    f, _ = _frontier(3)
+    f.answer(400)
+    f.answer(900)
+    for limit in (400, 650, 900):
+        got = f.answer(limit)
+        within = [p for p in f.points.values() if p.footprint <= limit]
+        assert got.extra_flops == min(p.extra_flops for p in within)
