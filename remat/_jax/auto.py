@@ -27,6 +27,7 @@ from remat._flags import flags_from_env
 from remat._jax.compat import core
 from remat._jax.inline import inline_calls
 from remat._jax.rewrite import rewrite_jaxpr
+from remat._jax.sharding import keep_output_shardings, program_sizes
 from remat._jax.to_graph import jaxpr_to_graph
 from remat.core.algorithms import (PlanResult, consolidated, get_algorithm,
                                    may_recompute)
@@ -275,9 +276,10 @@ def _compile(closed: core.ClosedJaxpr, out_tree, args, kwargs, jit_kwargs):
         *args, **kwargs).compile()
 
 
-def _graph_of(flat: core.ClosedJaxpr) -> Graph:
-    """The planning graph of a flat jaxpr: op ``i`` is equation ``i``."""
-    graph = jaxpr_to_graph(flat)
+def _graph_of(flat: core.ClosedJaxpr, sizes=None) -> Graph:
+    """The planning graph of a flat jaxpr: op ``i`` is equation ``i``; values
+    sized per device where ``sizes`` says (``sharding.program_sizes``)."""
+    graph = jaxpr_to_graph(flat, value_bytes=sizes)
     labels = [e.primitive.name for e in flat.jaxpr.eqns]
     if [op.label for op in graph.ops] != labels:
         raise AssertionError("remat internal error: the planning graph does not match "
@@ -681,10 +683,12 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     start = time.perf_counter()     # tracing is not planning: jax.jit traces too
     with gc_paused():
         flat = inline_calls(closed)
-        graph = _graph_of(flat)
+        graph = _graph_of(flat, program_sizes(flat.jaxpr, args, kwargs, jit_kwargs))
         schedules = _schedules(graph, settings.scheduler)
     t = time.perf_counter()
-    baseline = XlaFootprint.of(_compile(flat, out_tree, args, kwargs, jit_kwargs))
+    plain = _compile(flat, out_tree, args, kwargs, jit_kwargs)
+    baseline = XlaFootprint.of(plain)
+    jit_kwargs = keep_output_shardings(plain, jit_kwargs)   # results laid out as plain
     limit = _limit_bytes(settings.memory_limit, baseline)
     search = _Search(flat, graph, out_tree, (args, kwargs, jit_kwargs), settings,
                      baseline, limit, start, time.perf_counter() - t)
