@@ -160,6 +160,7 @@ def per_device_bytes(jaxpr: Jaxpr, in_layouts: Sequence[Layout | None],
             chosen = own if own is not None else layout
             if chosen is not None and isinstance(var, Var):
                 layouts[var] = chosen
+    _propagate_back(jaxpr, layouts, axis_sizes)
     sizes: dict[Var, int] = {}
     for var, layout in layouts.items():
         if any(layout):
@@ -251,6 +252,27 @@ def _propagate(eqn, ins: list[Layout | None], axis_sizes: dict[str, int]
     if name == "reshape" and ins[0] is not None:
         return [_reshape_layout(shapes[0], out_shapes[0], ins[0], axis_sizes)]
     return [_like_operand(s, shapes, ins, axis_sizes) for s in out_shapes]
+
+
+def _propagate_back(jaxpr: Jaxpr, layouts: dict[Var, Layout],
+                    axis_sizes: Mapping[str, int]) -> None:
+    """Gives a computed value with no layout the layout of a result of the same
+    shape that an equation computes from it (a broadcast constant added to a split
+    activation is split like it), latest equations first, as XLA's propagation
+    also runs from users to operands."""
+    inputs = set(jaxpr.invars)
+    for eqn in reversed(jaxpr.eqns):
+        known = [(v.aval.shape, layouts[v]) for v in eqn.outvars
+                 if isinstance(v, Var) and v in layouts and hasattr(v.aval, "shape")]
+        if not known:
+            continue
+        for a in eqn.invars:
+            if isinstance(a, Literal) or a in layouts or a in inputs:
+                continue
+            shape = getattr(a.aval, "shape", None)
+            match = next((layout for s, layout in known if s == shape), None)
+            if match is not None:
+                layouts[a] = match
 
 
 def _from_sharding(sharding: Any, shape: tuple[int, ...], axis_sizes: dict[str, int]

@@ -33,11 +33,11 @@ def _mesh(axis_type=AxisType.Auto):
     return jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
 
 
-def _inputs(mesh, w_spec, x_spec):
+def _inputs(mesh, w_spec, x_spec, batch=BATCH, width=WIDTH):
     keys = jax.random.split(jax.random.key(0), LAYERS + 1)
-    ws = [jax.device_put(jax.random.normal(k, (WIDTH, WIDTH)) / WIDTH ** 0.5,
+    ws = [jax.device_put(jax.random.normal(k, (width, width)) / width ** 0.5,
                          NamedSharding(mesh, w_spec)) for k in keys[:-1]]
-    x = jax.device_put(jax.random.normal(keys[-1], (BATCH, WIDTH)),
+    x = jax.device_put(jax.random.normal(keys[-1], (batch, width)),
                        NamedSharding(mesh, x_spec))
     return ws, x
 
@@ -76,8 +76,14 @@ def fsdp():
             w = jax.lax.with_sharding_constraint(w, whole)
             x = jax.lax.with_sharding_constraint(jnp.tanh(x @ w), batch)
         return jnp.sum(x ** 2)
-    return jax.grad(loss), _inputs(mesh, P(("data", "model"), None),
-                                   P(("data", "model"), None)), {}
+    rows = NamedSharding(mesh, P(("data", "model"), None))
+
+    def grads(ws, x):     # reduce-scattered back to the weights' own split
+        return [jax.lax.with_sharding_constraint(g, rows) for g in jax.grad(loss)(ws, x)]
+    # A batch large against the weights, as where FSDP is used: XLA combines the
+    # weight gradients' reductions into one, which holds them all at once.
+    return grads, _inputs(mesh, P(("data", "model"), None), P(("data", "model"), None),
+                          batch=8 * BATCH, width=WIDTH // 4), {}
 
 
 def shard_map_psum():
