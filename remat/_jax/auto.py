@@ -27,6 +27,7 @@ from remat._flags import flags_from_env
 from remat._jax.compat import core
 from remat._jax.inline import inline_calls
 from remat._jax.rewrite import rewrite_jaxpr
+from remat._jax.shard_map_split import split_shard_maps
 from remat._jax.sharding import keep_output_shardings, program_sizes
 from remat._jax.to_graph import jaxpr_to_graph
 from remat.core.algorithms import (PlanResult, consolidated, get_algorithm,
@@ -682,7 +683,7 @@ def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     closed, out_tree = _trace(fun, args, kwargs)
     start = time.perf_counter()     # tracing is not planning: jax.jit traces too
     with gc_paused():
-        flat = inline_calls(closed)
+        flat = split_shard_maps(inline_calls(closed))
         graph = _graph_of(flat, program_sizes(flat.jaxpr, args, kwargs, jit_kwargs))
         schedules = _schedules(graph, settings.scheduler)
     t = time.perf_counter()

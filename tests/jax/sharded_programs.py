@@ -97,7 +97,8 @@ def shard_map_psum():
             return jax.lax.psum(jnp.sum(x ** 2), "data")
         return jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data")),
                              out_specs=P())(ws, x)
-    return jax.grad(loss), _inputs(mesh, P(), P("data", None)), {}
+    return jax.grad(loss), _inputs(mesh, P(), P("data", None), batch=8 * BATCH,
+                                   width=WIDTH // 4), {}
 
 
 def explicit():
