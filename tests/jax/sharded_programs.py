@@ -109,7 +109,7 @@ def explicit():
         for w in ws:
             x = jnp.tanh(x @ w)
         return jnp.sum(x ** 2)
-    with jax.sharding.use_mesh(mesh):
+    with jax.set_mesh(mesh):
         args = _inputs(mesh, P(), P("data", None))
     return jax.grad(loss), args, {}
 
@@ -138,9 +138,9 @@ CASES = {f.__name__: f for f in (data_parallel, two_dim, fsdp, shard_map_psum, e
                                  in_out_shardings)}
 
 
-def run(name: str) -> dict:
+def run(name: str, fraction: float = FRACTION) -> dict:
     fun, args, jit_kwargs = CASES[name]()
-    mesh_ctx = (jax.sharding.use_mesh(args[1].sharding.mesh) if name == "explicit"
+    mesh_ctx = (jax.set_mesh(args[1].sharding.mesh) if name == "explicit"
                 else _null())
     with mesh_ctx:
         donated = "donate_argnums" in jit_kwargs
@@ -148,7 +148,7 @@ def run(name: str) -> dict:
         plain_fn = jax.jit(fun, **jit_kwargs)
         plain_c = plain_fn.lower(*args).compile()
         plain = plain_c(*copy(args)) if donated else plain_c(*args)
-        step = remat.jit(fun, memory_limit=FRACTION, **jit_kwargs)
+        step = remat.jit(fun, memory_limit=fraction, **jit_kwargs)
         p = step.plan_for(*args)
         got = step(*copy(args)) if donated else step(*args)
     m = plain_c.memory_analysis()
@@ -157,7 +157,7 @@ def run(name: str) -> dict:
     scale = max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(plain))
     same_shardings = all(a.sharding.is_equivalent_to(b.sharding, a.ndim) for a, b in
                          zip(jax.tree.leaves(plain), jax.tree.leaves(got)))
-    return dict(case=name, met=p.met, limit=p.limit_bytes,
+    return dict(case=name, fraction=fraction, met=p.met, limit=p.limit_bytes,
                 plain_total=p.baseline.total, plain_temp=m.temp_size_in_bytes,
                 planned_total=p.planned.total, planned_temp=p.planned.temp,
                 temp_ratio=p.planned.temp / max(m.temp_size_in_bytes, 1),
@@ -175,9 +175,10 @@ class _null:
 
 
 if __name__ == "__main__":
-    for case in sys.argv[1:] or list(CASES):
+    for arg in [a for a in sys.argv[1:] if a != "-v"] or list(CASES):
+        case, _, fraction = arg.partition(":")    # CASE or CASE:FRACTION
         try:
-            result = run(case)
+            result = run(case, float(fraction or FRACTION))
         except Exception as e:   # noqa: BLE001 - reported to the test as a failure
             result = dict(case=case, error=f"{type(e).__name__}: {e}")
         result.pop("recomputed", None) if "-v" not in sys.argv else None
