@@ -47,6 +47,7 @@ _ELEMENTWISE = _TRANSCENDENTAL | frozenset({
 _LOOP_FUSIBLE = _ELEMENTWISE | frozenset({
     "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "iota", "slice",
     "concatenate", "pad", "rev", "dynamic_slice",
+    "pvary",    # a type cast in shard_map bodies: no code
 })
 
 #: Ops that absorb fusible producers but materialize their results.

@@ -174,7 +174,7 @@ class _Flattener:
                     flops += COMMUNICATION_FLOPS_PER_BYTE * sum(self.value_bytes[o]
                                                                 for o in outs)
                 name = eqn.primitive.name
-                fusion = fusion_kind(name)
+                fusion = _shard_map_fusion(eqn) if name == "shard_map" else fusion_kind(name)
                 self.ops.append(_PendingOp(name, [i for i in ins if i is not None], outs,
                                            flops, transcendentals, source, fusion,
                                            working_set, bool(eqn.effects)))
@@ -295,6 +295,17 @@ def _inlinable_body(eqn: JaxprEqn) -> tuple[Jaxpr, list[Any]] | None:
                     and len(jaxpr.outvars) == len(eqn.outvars)):
                 return jaxpr, consts
     return None
+
+
+def _shard_map_fusion(eqn: JaxprEqn) -> str:
+    """The fusion kind of a ``shard_map``: its body's, where the body's equations
+    all fuse alike (XLA partitions the program before it fuses, so a piece of a
+    split body fuses with its neighbours as its equations would)."""
+    body = eqn.params["jaxpr"]
+    kinds = {fusion_kind(e.primitive.name) for e in getattr(body, "jaxpr", body).eqns}
+    if kinds == {"loop"}:
+        return "loop"
+    return kinds.pop() if len(kinds) == 1 else "none"
 
 
 def _cse_key(eqn: JaxprEqn, ins: list[int | None]) -> Any:
