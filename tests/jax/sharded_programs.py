@@ -1,9 +1,11 @@
 """SPMD programs on 8 simulated CPU devices, planned by the automatic pass.
 
-Run as a script (``python -m tests.jax.sharded_programs CASE...``): it sets
+Run as a script (``python -m tests.jax.sharded_programs CASE[:FRACTION[:ALGORITHM]]
+...``): it sets
 ``XLA_FLAGS`` before JAX starts, so that the rest of the test suite keeps its one
 device; ``test_sharding.py`` runs it in a subprocess. For each case it plans the
-gradient at half the plain program's per-device temporaries and prints one JSON
+program (by default at half the plain program's per-device temporaries, with
+``"path"``) and prints one JSON
 line: XLA's per-device figures of both programs, the largest gradient difference,
 and whether the output shardings are the plain program's.
 """
@@ -138,7 +140,7 @@ CASES = {f.__name__: f for f in (data_parallel, two_dim, fsdp, shard_map_psum, e
                                  in_out_shardings)}
 
 
-def run(name: str, fraction: float = FRACTION) -> dict:
+def run(name: str, fraction: float = FRACTION, algorithm: str = "path") -> dict:
     fun, args, jit_kwargs = CASES[name]()
     mesh_ctx = (jax.set_mesh(args[1].sharding.mesh) if name == "explicit"
                 else _null())
@@ -148,7 +150,7 @@ def run(name: str, fraction: float = FRACTION) -> dict:
         plain_fn = jax.jit(fun, **jit_kwargs)
         plain_c = plain_fn.lower(*args).compile()
         plain = plain_c(*copy(args)) if donated else plain_c(*args)
-        step = remat.jit(fun, memory_limit=fraction, **jit_kwargs)
+        step = remat.jit(fun, memory_limit=fraction, algorithm=algorithm, **jit_kwargs)
         p = step.plan_for(*args)
         got = step(*copy(args)) if donated else step(*args)
     m = plain_c.memory_analysis()
@@ -157,7 +159,7 @@ def run(name: str, fraction: float = FRACTION) -> dict:
     scale = max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(plain))
     same_shardings = all(a.sharding.is_equivalent_to(b.sharding, a.ndim) for a, b in
                          zip(jax.tree.leaves(plain), jax.tree.leaves(got)))
-    return dict(case=name, fraction=fraction, met=p.met, limit=p.limit_bytes,
+    return dict(case=name, fraction=fraction, algorithm=algorithm, met=p.met, limit=p.limit_bytes,
                 plain_total=p.baseline.total, plain_temp=m.temp_size_in_bytes,
                 planned_total=p.planned.total, planned_temp=p.planned.temp,
                 temp_ratio=p.planned.temp / max(m.temp_size_in_bytes, 1),
@@ -176,9 +178,9 @@ class _null:
 
 if __name__ == "__main__":
     for arg in [a for a in sys.argv[1:] if a != "-v"] or list(CASES):
-        case, _, fraction = arg.partition(":")    # CASE or CASE:FRACTION
+        case, fraction, algorithm = (arg.split(":") + ["", ""])[:3]  # CASE[:FRACTION[:ALG]]
         try:
-            result = run(case, float(fraction or FRACTION))
+            result = run(case, float(fraction or FRACTION), algorithm or "path")
         except Exception as e:   # noqa: BLE001 - reported to the test as a failure
             result = dict(case=case, error=f"{type(e).__name__}: {e}")
         result.pop("recomputed", None) if "-v" not in sys.argv else None
