@@ -20,6 +20,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8")
 
 import argparse  # noqa: E402
+import re        # noqa: E402
 import time      # noqa: E402
 
 import jax       # noqa: E402
@@ -103,19 +104,24 @@ def run(quick: bool) -> list[dict]:
                    m.temp_size_in_bytes - m.alias_size_in_bytes)
     plain_time = _median_seconds(plain, args, rounds)
     plain_flops = _flops(plain)
+    expected = jax.tree.leaves(plain(*args))
     rows = [dict(fraction="plain", limit=None, total=plain_total,
-                 temp=m.temp_size_in_bytes, flops=1.0, time=1.0, met="")]
+                 temp=m.temp_size_in_bytes, flops=1.0, time=1.0, met="", diff=None)]
     for fraction in (0.75, 0.5, 0.3):
         try:
             p = remat.plan(step, *args, memory_limit=fraction)
         except remat.MemoryLimitError as e:
+            least = re.search(r"the least reached is ([\d.]+ \w+)", str(e))
             rows.append(dict(fraction=fraction, limit=None, total=None, temp=None,
-                             flops=None, time=None, met=f"refused: {str(e)[:120]}"))
+                             flops=None, time=None, diff=None,
+                             met=f"refused (least reached {least.group(1) if least else '?'})"))
             continue
+        got = jax.tree.leaves(p.compiled(*args))
+        diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(expected, got))
         rows.append(dict(fraction=fraction, limit=p.limit_bytes, total=p.planned.total,
                          temp=p.planned.temp, flops=_flops(p.compiled) / plain_flops,
                          time=_median_seconds(p.compiled, args, rounds) / plain_time,
-                         met="met" if p.met else "NOT met"))
+                         met="met" if p.met else "NOT met", diff=diff))
     return [dict(r, size=size) for r in rows]
 
 
@@ -133,17 +139,20 @@ def write(rows: list[dict], quick: bool) -> None:
         "CPU devices as a 4x2 mesh ('data', 'model'): batch over 'data', heads and MLP "
         "units over 'model'. Figures are XLA's, per device (`memory_analysis()` of the "
         "partitioned program); FLOPs from `cost_analysis()`; time is the median step "
-        f"time against the plain step's{' (--quick)' if quick else ''}.",
+        f"time against the plain step's{' (--quick)' if quick else ''}; max abs diff: "
+        "the largest difference of the new parameters and optimizer state from the "
+        "plain step's.",
         "",
-        "| limit | limit MiB | footprint MiB | temp MiB | FLOPs x | time x | |",
-        "|---|---|---|---|---|---|---|",
+        "| limit | limit MiB | footprint MiB | temp MiB | FLOPs x | time x | max abs diff | |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     ratio = lambda x: "-" if x is None else f"{x:.2f}"
+    sci = lambda x: "-" if x is None else f"{x:.1e}"
     for r in rows:
         frac = r["fraction"] if r["fraction"] == "plain" else f"{int(100 * r['fraction'])}%"
         lines.append(f"| {frac} | {_mib(r['limit'])} | {_mib(r['total'])} | "
                      f"{_mib(r['temp'])} | {ratio(r['flops'])} | {ratio(r['time'])} | "
-                     f"{r['met']} |")
+                     f"{sci(r['diff'])} | {r['met']} |")
     path = result_file("sharding")
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
