@@ -15,17 +15,20 @@ from .compat_graph import JaxprEqn
 
 __all__ = ["fusion_kind", "primitive_cost", "elements", "is_half_float",
            "is_half_precision_matmul", "communicates", "COLLECTIVES",
+           "SHARDING_ANNOTATIONS",
            "COMMUNICATION_FLOPS_PER_BYTE"]
 
-#: Ops that move data between devices: collectives, and the sharding annotations
-#: that XLA turns into whatever resharding (all-gather, all-to-all ...) they need.
+#: Ops that move data between devices.
 COLLECTIVES = frozenset({
     "psum", "psum_invariant", "pmax", "pmin", "all_gather", "all_gather_invariant",
     "all_gather_reduced", "reduce_scatter", "psum_scatter", "all_to_all",
     "ragged_all_to_all", "ppermute", "pbroadcast", "psend", "precv", "preduced",
-    "unreduced_psum", "unreduced_reduce_scatter", "all_reduce", "sharding_constraint",
-    "reshard", "device_put",
+    "unreduced_psum", "unreduced_reduce_scatter", "all_reduce",
 })
+
+#: Sharding annotations, which XLA turns into whatever resharding (all-gather,
+#: all-to-all ...) they need in a partitioned program, and into nothing on one device.
+SHARDING_ANNOTATIONS = frozenset({"sharding_constraint", "reshard", "device_put"})
 
 _TRANSCENDENTAL = frozenset({
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
@@ -103,17 +106,20 @@ def primitive_cost(eqn: JaxprEqn) -> tuple[float, float]:
 COMMUNICATION_FLOPS_PER_BYTE = 100.0
 
 
-def communicates(eqn: JaxprEqn) -> bool:
-    """Whether ``eqn`` may move data between devices: a collective or a sharding
-    annotation (:data:`COLLECTIVES`), or an equation with a body (``shard_map``,
+def communicates(eqn: JaxprEqn, partitioned: bool = True) -> bool:
+    """Whether ``eqn`` may move data between devices: a collective
+    (:data:`COLLECTIVES`), a sharding annotation in a ``partitioned`` program
+    (:data:`SHARDING_ANNOTATIONS`), or an equation with a body (``shard_map``,
     loops, conditionals) that holds one. The planning graph adds the bytes it
     moves, at :data:`COMMUNICATION_FLOPS_PER_BYTE`, to the op's cost."""
-    if eqn.primitive.name in COLLECTIVES:
+    name = eqn.primitive.name
+    if name in COLLECTIVES or (partitioned and name in SHARDING_ANNOTATIONS):
         return True
     for param in eqn.params.values():
         for body in (param if isinstance(param, (tuple, list)) else (param,)):
             inner = getattr(body, "jaxpr", body)
-            if hasattr(inner, "eqns") and any(communicates(e) for e in inner.eqns):
+            if hasattr(inner, "eqns") and any(communicates(e, partitioned)
+                                              for e in inner.eqns):
                 return True
     return False
 

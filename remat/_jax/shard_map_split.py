@@ -19,8 +19,8 @@ Nothing moves between devices at a cut: each device's shard is its own value. Th
 pieces hold the original equations, collectives included, so the program
 communicates exactly what it did. A scalar that varies over a manual axis cannot
 cross a cut (it has no dimension to concatenate along), so the body is never cut
-while one is live; a ``shard_map`` whose results are its own inputs or literals,
-or whose axes are only partly manual, is left whole.
+while one is live; a ``shard_map`` whose results are its own inputs or literals, that
+returns a result twice, or whose axes are only partly manual, is left whole.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ def _split(eqn: core.JaxprEqn) -> list[core.JaxprEqn] | None:
     manual = params.get("manual_axes", params.get("newly_manual_axes"))
     if (len(body.eqns) < 2 or body.constvars or manual is None or
             set(manual) != set(mesh.axis_names) or
+            len(set(body.outvars)) != len(body.outvars) or
             any(not isinstance(v, core.Var) or v in body.invars for v in body.outvars)):
         return None
     order = [a for a in mesh.axis_names if a in manual]

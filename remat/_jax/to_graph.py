@@ -11,8 +11,8 @@ The graph is the whole program, as the compiler will see it:
   and outputs, and whose FLOPs are the body's (times the length, for ``scan``);
 * a value is sized by the bytes one device holds when ``value_bytes`` says so (an
   SPMD program: see ``sharding.py``), and an op's FLOPs shrink with its results;
-* an op that communicates (a collective, a sharding annotation, a body holding
-  one: ``op_model.communicates``) costs, besides its FLOPs, the bytes of its
+* an op that communicates (a collective, a sharding annotation of a partitioned
+  program, a body holding one: ``op_model.communicates``) costs, besides its FLOPs, the bytes of its
   results at ``op_model.COMMUNICATION_FLOPS_PER_BYTE``: recomputing it moves them
   again, so the algorithms prefer local recomputation;
 * literals are not values (they are immediates); closed-over constants become
@@ -170,7 +170,7 @@ class _Flattener:
                     whole = sum(self._describe(var.aval)[0] for var in eqn.outvars)
                     share = sum(self.value_bytes[o] for o in outs) / whole if whole else 1
                     flops, transcendentals = flops * share, transcendentals * share
-                if communicates(eqn):
+                if communicates(eqn, partitioned=bool(self._sizes)):
                     flops += COMMUNICATION_FLOPS_PER_BYTE * sum(self.value_bytes[o]
                                                                 for o in outs)
                 name = eqn.primitive.name

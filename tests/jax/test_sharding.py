@@ -128,3 +128,43 @@ def test_docstring_examples(name):
     result = doctest.testmod(importlib.import_module(name),
                              optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_sharding_annotation_costs_nothing_in_a_program_on_one_device():
+    mesh = jax.make_mesh((1,), ("i",), axis_types=(jax.sharding.AxisType.Auto,))
+    spec = jax.sharding.NamedSharding(mesh, jax.P("i"))
+    closed = jax.make_jaxpr(lambda x: jax.lax.with_sharding_constraint(x, spec))(
+        jnp.ones(4))
+    assert jaxpr_to_graph(closed).ops[0].flops < 100
+
+
+# ------------------------------------------------------------- shard_map pieces
+
+def _one_device_shard_map(fun, out_specs):
+    mesh = jax.make_mesh((1,), ("i",), axis_types=(jax.sharding.AxisType.Auto,))
+    return jax.shard_map(fun, mesh=mesh, in_specs=jax.P("i"), out_specs=out_specs)
+
+
+def test_split_shard_map_computes_the_same():
+    from remat._jax.compat import core
+    from remat._jax.shard_map_split import split_shard_maps
+    f = _one_device_shard_map(
+        lambda x: (jax.lax.psum(jnp.sum(jnp.sin(x) * x), "i"), jnp.cos(x) + 1),
+        (jax.P(), jax.P("i")))
+    x = jnp.linspace(0.0, 1.0, 8)
+    closed = jax.make_jaxpr(f)(x)
+    split = split_shard_maps(closed)
+    assert len(split.jaxpr.eqns) > len(closed.jaxpr.eqns)
+    assert all(e.primitive.name == "shard_map" for e in split.jaxpr.eqns)
+    for got, want in zip(core.jaxpr_as_fun(split)(x), f(x)):
+        assert jnp.allclose(got, want)
+
+
+def test_varying_scalar_is_never_cut():
+    from remat._jax.shard_map_split import split_shard_maps
+    f = _one_device_shard_map(lambda x: x * jnp.sum(x), jax.P("i"))
+    closed = jax.make_jaxpr(f)(jnp.ones(8))
+    split = split_shard_maps(closed)
+    for eqn in split.jaxpr.eqns:     # the sum (a scalar varying over i) stays inside
+        names = [e.primitive.name for e in eqn.params["jaxpr"].eqns]
+        assert "reduce_sum" not in names or "mul" in names
