@@ -277,10 +277,12 @@ class RematJitted:
         """Lowers the rewritten program (``.compile()`` works on the result); it
         takes the call's array leaves."""
         plan, split = self._entry(args, kwargs)
-        donated = split.donated
+        placed = ({"in_shardings": split.shardings}
+                  if any(s is not None for s in split.shardings) else {})
         return jax.jit(lambda *xs: jax.tree_util.tree_unflatten(
             plan.out_tree, core.jaxpr_as_fun(plan.jaxpr)(*xs)),
-            donate_argnums=donated, **self._jit_kwargs).lower(*split.dynamic)
+            donate_argnums=split.donated, **placed,
+            **self._jit_kwargs).lower(*split.dynamic)
 
     def __call__(self, *args, **kwargs):
         plan, split = self._entry(args, kwargs)
@@ -317,9 +319,10 @@ def jit(fun: Callable, *, memory_limit: Any = _UNSET, algorithm: str = _UNSET,
       dump_to: a directory for the plan, and with ``REMAT_FLAGS`` ``--dump_dot`` /
         ``--dump_memlog``, the DOT graphs before and after and the memory log.
       **jit_kwargs: as ``jax.jit`` takes them: ``static_argnums``,
-        ``static_argnames``, ``donate_argnums``, ``donate_argnames``, and the
-        others ``jax.jit`` passes on (``keep_unused``, ``device``, ...), except
-        ``in_shardings`` (place the arguments with ``jax.device_put`` instead).
+        ``static_argnames``, ``donate_argnums``, ``donate_argnames``,
+        ``in_shardings``, ``out_shardings`` and the others ``jax.jit`` passes on
+        (``keep_unused``, ``device``, ...). On a multi-device program the results
+        keep the plain program's shardings unless ``out_shardings`` says otherwise.
 
     Unset settings come from the ``REMAT_FLAGS`` environment variable. Raises
     :class:`MemoryLimitError` (with the least footprint reached and a lower bound)
@@ -339,10 +342,6 @@ def jit(fun: Callable, *, memory_limit: Any = _UNSET, algorithm: str = _UNSET,
     options = _options(dict(memory_limit=memory_limit, algorithm=algorithm,
                             scheduler=scheduler, small_node_limit=small_node_limit,
                             dump_to=dump_to))
-    if "in_shardings" in jit_kwargs:
-        raise NotImplementedError(
-            "remat.jit does not take in_shardings; place the arguments with "
-            "jax.device_put(x, sharding) instead (their shardings are kept).")
     jit_kwargs = dict(jit_kwargs)
     spec = CallSpec.of(fun, jit_kwargs)
     return RematJitted(fun, options, spec, jit_kwargs)

@@ -22,6 +22,7 @@ from jax._src import source_info_util as source_info_util
 from jax._src.config import mutable_array_checks as mutable_array_checks
 from jax._src.ad_checkpoint import name_p as name_p
 from jax._src.ad_util import Zero as Zero
+from jax._src.sharding_impls import ShardingContext as ShardingContext
 from jax._src.interpreters import ad as ad
 from jax._src.interpreters import batching as batching
 from jax._src.interpreters import mlir as mlir

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from remat._jax import compat
 from remat._jax.compat import core, effects, hlo, ir, mlir, pe
 from remat._jax.primitive import remat_p
 
@@ -295,6 +296,16 @@ def _zeros_of(like: ir.Value) -> ir.Value:
     return hlo.broadcast_in_dim(t, zero, mlir.dense_int_array([]))
 
 
+def _partitioned_default(ctx, platform_default: str) -> str:
+    """``platform_default``, except ``"cond"`` for ``"gate"`` in a program XLA
+    partitions over several devices: there the gated program's per-device
+    footprint stays at the plain program's (the gate saves nothing after SPMD
+    partitioning), while the conditional keeps its saving."""
+    partitioned = (isinstance(ctx.module_context.axis_context, compat.ShardingContext)
+                   and ctx.module_context.axis_context.num_devices > 1)
+    return "cond" if platform_default == "gate" and partitioned else platform_default
+
+
 def _lower(ctx, *args, jaxpr: core.Jaxpr, prevent_cse, differentiated, lowering,
            platform_default: str, num_late: int = 0, **_):
     protect = ((prevent_cse,) * len(args) if isinstance(prevent_cse, bool)
@@ -303,7 +314,7 @@ def _lower(ctx, *args, jaxpr: core.Jaxpr, prevent_cse, differentiated, lowering,
         outs, tokens = _inline(ctx, jaxpr, args, ctx.tokens_in)
         ctx.set_tokens_out(tokens)
         return outs
-    strategy = lowering or platform_default
+    strategy = lowering or _partitioned_default(ctx, platform_default)
     if strategy == "barrier":
         return _lower_barrier(ctx, jaxpr, args, protect)
     if strategy == "cond":

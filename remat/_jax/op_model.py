@@ -14,7 +14,21 @@ from typing import Any
 from .compat_graph import JaxprEqn
 
 __all__ = ["fusion_kind", "primitive_cost", "elements", "is_half_float",
-           "is_half_precision_matmul"]
+           "is_half_precision_matmul", "communicates", "COLLECTIVES",
+           "SHARDING_ANNOTATIONS",
+           "COMMUNICATION_FLOPS_PER_BYTE"]
+
+#: Ops that move data between devices.
+COLLECTIVES = frozenset({
+    "psum", "psum_invariant", "pmax", "pmin", "all_gather", "all_gather_invariant",
+    "all_gather_reduced", "reduce_scatter", "psum_scatter", "all_to_all",
+    "ragged_all_to_all", "ppermute", "pbroadcast", "psend", "precv", "preduced",
+    "unreduced_psum", "unreduced_reduce_scatter", "all_reduce",
+})
+
+#: Sharding annotations, which XLA turns into whatever resharding (all-gather,
+#: all-to-all ...) they need in a partitioned program, and into nothing on one device.
+SHARDING_ANNOTATIONS = frozenset({"sharding_constraint", "reshard", "device_put"})
 
 _TRANSCENDENTAL = frozenset({
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
@@ -36,6 +50,7 @@ _ELEMENTWISE = _TRANSCENDENTAL | frozenset({
 _LOOP_FUSIBLE = _ELEMENTWISE | frozenset({
     "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "iota", "slice",
     "concatenate", "pad", "rev", "dynamic_slice",
+    "pvary",    # a type cast in shard_map bodies: no code
 })
 
 #: Ops that absorb fusible producers but materialize their results.
@@ -81,6 +96,32 @@ def primitive_cost(eqn: JaxprEqn) -> tuple[float, float]:
     if name in _REDUCE_FUSIBLE or name.startswith("reduce") or name.startswith("cum"):
         return float(sum(elements(v.aval) for v in eqn.invars)), 0.0
     return float(out_elements), 0.0
+
+
+#: What moving one byte between devices costs, in FLOPs: an accelerator does some
+#: hundreds to thousands of FLOPs in the time its links move a byte; the low end is
+#: taken, so that a collective is recomputed only where no local computation does
+#: as well, yet is not ruled out (gathering a layer's weights again in the backward
+#: is what fully sharded data parallelism is).
+COMMUNICATION_FLOPS_PER_BYTE = 100.0
+
+
+def communicates(eqn: JaxprEqn, partitioned: bool = True) -> bool:
+    """Whether ``eqn`` may move data between devices: a collective
+    (:data:`COLLECTIVES`), a sharding annotation in a ``partitioned`` program
+    (:data:`SHARDING_ANNOTATIONS`), or an equation with a body (``shard_map``,
+    loops, conditionals) that holds one. The planning graph adds the bytes it
+    moves, at :data:`COMMUNICATION_FLOPS_PER_BYTE`, to the op's cost."""
+    name = eqn.primitive.name
+    if name in COLLECTIVES or (partitioned and name in SHARDING_ANNOTATIONS):
+        return True
+    for param in eqn.params.values():
+        for body in (param if isinstance(param, (tuple, list)) else (param,)):
+            inner = getattr(body, "jaxpr", body)
+            if hasattr(inner, "eqns") and any(communicates(e, partitioned)
+                                              for e in inner.eqns):
+                return True
+    return False
 
 
 def fusion_kind(name: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from remat._jax.compat import core
 from remat._jax.program import Program
 from remat._jax.rewrite import rewrite_jaxpr
+from remat._jax.sharding import keep_output_shardings
 from remat._jax.xla_figures import XlaFootprint
 from remat.core.algorithms import (PlanResult, consolidated, get_algorithm,
                                    may_recompute)
@@ -87,6 +88,8 @@ class Planner:
         t = time.perf_counter()
         compiled = program.compile(program.flat)
         self.baseline = XlaFootprint.of(compiled)
+        # Plans return their results laid out as the plain program does.
+        program.jit_kwargs = keep_output_shardings(compiled, program.jit_kwargs)
         self.compile_seconds += time.perf_counter() - t
         self._floors: dict[tuple[int, int, str], int] = {}
         # The first order with each algorithm first (the strongest planner last

@@ -25,6 +25,8 @@ import numpy as np
 
 from remat._jax.compat import core
 from remat._jax.inline import inline_calls
+from remat._jax.shard_map_split import split_shard_maps
+from remat._jax.sharding import program_sizes
 from remat._jax.to_graph import jaxpr_to_graph
 from remat.core.graph import Graph
 
@@ -63,10 +65,12 @@ class CallSpec:
     static_argnames: frozenset[str] = frozenset()
     donate_argnums: frozenset[int] = frozenset()
     donate_argnames: frozenset[str] = frozenset()
+    in_shardings: Any = None
 
     @classmethod
     def of(cls, fun: Callable, jit_kwargs: dict) -> "CallSpec":
-        """Takes ``static_*`` and ``donate_*`` out of ``jit_kwargs``."""
+        """Takes ``static_*``, ``donate_*`` and ``in_shardings`` out of
+        ``jit_kwargs``."""
         def take(key, kind):
             value = jit_kwargs.pop(key, None)
             if value is None:
@@ -91,7 +95,7 @@ class CallSpec:
             nums |= {i for i, name in enumerate(positional) if name in names}
         if spec[0] & spec[2] or spec[1] & spec[3]:
             raise ValueError("remat.jit: an argument cannot be both static and donated.")
-        return cls(*map(frozenset, spec))
+        return cls(*map(frozenset, spec), jit_kwargs.pop("in_shardings", None))
 
     def _static(self, i: int, n: int) -> bool:
         return i in self.static_argnums or i - n in self.static_argnums
@@ -109,11 +113,15 @@ class CallSplit:
       key: hashable; equal for calls that give the same program.
       donated: positions in ``dynamic`` of donated inputs.
       rebuild: dynamic leaves (or tracers) -> ``(args, kwargs)``.
+      shardings: per dynamic leaf, the sharding ``in_shardings`` gives it (as
+        ``jax.jit`` reads it: one entry per non-static positional argument, a
+        prefix of its structure), or None.
     """
     dynamic: tuple
     key: Any
     donated: tuple[int, ...]
     rebuild: Callable[[Iterable], tuple[tuple, dict]]
+    shardings: tuple = ()
 
     @classmethod
     def of(cls, args: tuple, kwargs: dict, spec: CallSpec) -> "CallSplit":
@@ -122,16 +130,21 @@ class CallSplit:
                    for i, a in enumerate(args)]
         entries += [(k, kwargs[k], k in spec.static_argnames, k in spec.donate_argnames)
                     for k in sorted(kwargs)]
-        trees, kinds, statics, dynamic, donated = [], [], [], [], []
+        given = _positional_shardings(spec.in_shardings, [
+            a for i, a, static, _ in entries[:n] if not static])
+        trees, kinds, statics, dynamic, donated, shardings = [], [], [], [], [], []
         for _, value, static, donate in entries:
             leaves, tree = jax.tree_util.tree_flatten(_Static(value) if static else value)
             trees.append((tree, len(leaves)))
-            for leaf in leaves:
+            placed = (next(given, None) if not static else None) if given else None
+            placed = ([None] * len(leaves) if placed is None else placed)
+            for leaf, sharding in zip(leaves, placed):
                 dyn = is_dynamic(leaf)
                 kinds.append(dyn)
                 if dyn:
                     donated += [len(dynamic)] if donate else []
                     dynamic.append(leaf)
+                    shardings.append(sharding)
                 else:
                     statics.append(leaf)
         try:
@@ -148,8 +161,27 @@ class CallSplit:
         avals = tuple((core.shaped_abstractify(x), getattr(x, "sharding", None))
                       for x in dynamic)
         key = (tuple(names), n, tuple(t for t, _ in trees), tuple(kinds), tuple(statics),
-               avals, tuple(donated))
-        return cls(tuple(dynamic), key, tuple(donated), rebuild)
+               avals, tuple(donated), tuple(map(repr, shardings)))
+        return cls(tuple(dynamic), key, tuple(donated), rebuild, tuple(shardings))
+
+
+def _positional_shardings(in_shardings: Any, args: list) -> Any:
+    """An iterator over the positional arguments ``args`` (the non-static ones)
+    of ``in_shardings`` broadcast to each one's leaves (a list per argument), or
+    None when not given. A single sharding applies to every argument."""
+    if in_shardings is None:
+        return None
+    if not isinstance(in_shardings, (tuple, list)):
+        in_shardings = (in_shardings,) * len(args)
+    if len(in_shardings) != len(args):
+        raise ValueError(f"remat.jit: in_shardings has {len(in_shardings)} entries for "
+                         f"{len(args)} non-static positional arguments; give one "
+                         "(a sharding, None, or a prefix of the argument's structure) "
+                         "per argument, as for jax.jit.")
+    is_spec = lambda s: s is None or isinstance(s, jax.sharding.Sharding)
+    return iter([jax.tree_util.tree_leaves(jax.tree.broadcast(s, a, is_leaf=is_spec),
+                                           is_leaf=is_spec)
+                 for s, a in zip(in_shardings, args)])
 
 
 def _assemble(trees, kinds, statics, dyn, names, n):
@@ -176,7 +208,10 @@ class Program:
       specs: the abstract dynamic inputs (shapes, dtypes, shardings) it is
         compiled for; no array of the call is kept.
       donated: positions of donated inputs.
-      jit_kwargs: the other arguments of ``jax.jit`` to compile with.
+      jit_kwargs: the other arguments of ``jax.jit`` to compile with (the plain
+        program's output shardings added on a multi-device program, so that
+        every plan returns its results laid out as the plain program does).
+      in_shardings: per input, the sharding ``in_shardings`` gave it, or None.
       key: hashable: the program's structure, constants and call (equal keys,
         the same compiled programs).
     """
@@ -187,6 +222,7 @@ class Program:
     donated: tuple[int, ...]
     jit_kwargs: dict
     key: Any
+    in_shardings: tuple = ()
 
     def function(self, closed: core.ClosedJaxpr) -> Callable:
         """``closed`` (a rewrite of ``flat``) as a jitted function of the dynamic
@@ -194,7 +230,9 @@ class Program:
         def run(*dynamic):
             outs = core.jaxpr_as_fun(closed)(*dynamic)
             return jax.tree_util.tree_unflatten(self.out_tree, outs)
-        return jax.jit(run, donate_argnums=self.donated, **self.jit_kwargs)
+        placed = ({"in_shardings": self.in_shardings}
+                  if any(s is not None for s in self.in_shardings) else {})
+        return jax.jit(run, donate_argnums=self.donated, **placed, **self.jit_kwargs)
 
     def lower(self, closed: core.ClosedJaxpr):
         """``closed`` lowered for the program's abstract inputs."""
@@ -216,8 +254,9 @@ def trace_program(fun: Callable, args: tuple, kwargs: dict, spec: CallSpec,
         return fun(*a, **k)
 
     closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*split.dynamic)
-    flat = inline_calls(closed)
-    graph = jaxpr_to_graph(flat)
+    flat = split_shard_maps(inline_calls(closed))
+    graph = jaxpr_to_graph(flat, value_bytes=program_sizes(
+        flat.jaxpr, split.dynamic, {}, {"in_shardings": split.shardings}))
     if [op.label for op in graph.ops] != [e.primitive.name for e in flat.jaxpr.eqns]:
         raise AssertionError("remat internal error: the planning graph does not match "
                              "the flattened program equation for equation.")
@@ -225,16 +264,17 @@ def trace_program(fun: Callable, args: tuple, kwargs: dict, spec: CallSpec,
            tuple(sorted((k, repr(v)) for k, v in jit_kwargs.items())),
            jax.default_backend())
     program = Program(flat, graph, jax.tree_util.tree_structure(out_shape),
-                      tuple(_spec(x) for x in split.dynamic), split.donated,
-                      dict(jit_kwargs), key)
+                      tuple(_spec(x, s) for x, s in zip(split.dynamic, split.shardings)),
+                      split.donated, dict(jit_kwargs), key, split.shardings)
     return program, split
 
 
-def _spec(x) -> jax.ShapeDtypeStruct:
-    """The abstract value a dynamic input is compiled for (its sharding only if it
-    spans several devices, as ``jax.jit`` places single-device inputs itself)."""
+def _spec(x, given=None) -> jax.ShapeDtypeStruct:
+    """The abstract value a dynamic input is compiled for (the sharding given, or
+    its own if it spans several devices, as ``jax.jit`` places single-device
+    inputs itself)."""
     aval = core.shaped_abstractify(x)
-    sharding = getattr(x, "sharding", None)
+    sharding = given if given is not None else getattr(x, "sharding", None)
     if sharding is not None and len(sharding.device_set) < 2:
         sharding = None
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding,

@@ -6,9 +6,15 @@ The graph is the whole program, as the compiler will see it:
   ``custom_jvp_call``, ``custom_vjp_call``, remat, and any other primitive whose
   ``jaxpr``/``call_jaxpr`` parameter takes exactly the equation's operands) are
   inlined, recursively: the compiler inlines them too;
-* control flow (``scan``, ``while``, ``cond``) stays one op, whose
+* control flow (``scan``, ``while``, ``cond``) and ``shard_map`` stay one op, whose
   ``working_set_bytes`` is the simulated peak of its body beyond the body's inputs
   and outputs, and whose FLOPs are the body's (times the length, for ``scan``);
+* a value is sized by the bytes one device holds when ``value_bytes`` says so (an
+  SPMD program: see ``sharding.py``), and an op's FLOPs shrink with its results;
+* an op that communicates (a collective, a sharding annotation of a partitioned
+  program, a body holding one: ``op_model.communicates``) costs, besides its FLOPs, the bytes of its
+  results at ``op_model.COMMUNICATION_FLOPS_PER_BYTE``: recomputing it moves them
+  again, so the algorithms prefer local recomputation;
 * literals are not values (they are immediates); closed-over constants become
   program inputs named ``const``;
 * equations whose results are never used (and that have no effects) are dropped, as
@@ -28,26 +34,28 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from ..core.graph import Graph, GraphBuilder
 from ..core.schedulers import best_schedule
 from ..core.simulate import simulate
-from .compat_graph import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, open_jaxpr_and_consts, source_line
-from .op_model import (elements, fusion_kind, is_half_float, is_half_precision_matmul,
-                       primitive_cost)
+from .compat_graph import (ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var,
+                           open_jaxpr_and_consts, source_line)
+from .op_model import (COMMUNICATION_FLOPS_PER_BYTE, communicates, elements, fusion_kind, is_half_float,
+                       is_half_precision_matmul, primitive_cost)
 
 __all__ = ["jaxpr_to_graph"]
 
-#: Control flow kept as one op.
-CONTROL_FLOW = frozenset({"scan", "while", "cond"})
+#: Control flow (and ``shard_map``, whose body runs per device) kept as one op.
+CONTROL_FLOW = frozenset({"scan", "while", "cond", "shard_map"})
 
 def jaxpr_to_graph(closed_jaxpr: ClosedJaxpr | Jaxpr, *,
                    donated: Sequence[bool] | None = None,
                    merge_repeated: bool = False,
-                   upcast_half_precision_matmuls: bool = False) -> Graph:
+                   upcast_half_precision_matmuls: bool = False,
+                   value_bytes: Mapping[Var, int] | None = None) -> Graph:
     """Converts a (closed) jaxpr into a planning graph.
 
     Arguments:
@@ -62,6 +70,10 @@ def jaxpr_to_graph(closed_jaxpr: ClosedJaxpr | Jaxpr, *,
         convolutions in f32: each 16-bit operand gets one f32 copy (shared by every
         matmul that reads it, as XLA's CSE shares it), the matmul writes f32, and a
         convert brings the result back to 16 bits.
+      value_bytes: bytes of some of the jaxpr's own variables (not those of inlined
+        bodies) in place of their avals' sizes: the shard one device holds, for
+        an SPMD program (``sharding.program_sizes``). An op's FLOPs are scaled by
+        how its results' bytes compare with their avals'.
 
     Returns:
       a :class:`remat.core.graph.Graph`; its inputs are the jaxpr's inputs in order,
@@ -71,8 +83,8 @@ def jaxpr_to_graph(closed_jaxpr: ClosedJaxpr | Jaxpr, *,
     if donated is not None and len(donated) != len(jaxpr.invars):
         raise ValueError(f"donated has {len(donated)} flags but the jaxpr has "
                          f"{len(jaxpr.invars)} inputs; give one flag per input.")
-    flat = _Flattener(merge_repeated, upcast_half_precision_matmuls)
-    arg_ids = [flat.new_input(v.aval, "", bool(donated[i]) if donated else False)
+    flat = _Flattener(merge_repeated, upcast_half_precision_matmuls, value_bytes)
+    arg_ids = [flat.new_input(v.aval, "", bool(donated[i]) if donated else False, v)
                for i, v in enumerate(jaxpr.invars)]
     out_ids = flat.inline(jaxpr, consts, arg_ids)
     return flat.build([o for o in out_ids if o is not None])
@@ -96,7 +108,9 @@ class _Flattener:
     """Inlines a jaxpr into flat lists of values and ops, then builds the graph."""
 
     def __init__(self, merge_repeated: bool = False,
-                 upcast_half_precision_matmuls: bool = False) -> None:
+                 upcast_half_precision_matmuls: bool = False,
+                 value_bytes: Mapping[Var, int] | None = None) -> None:
+        self._sizes = value_bytes or {}
         self.merge_repeated = merge_repeated
         self.upcast = upcast_half_precision_matmuls
         self._f32_copy: dict[int, int] = {}  # 16-bit value -> its f32 copy
@@ -107,14 +121,16 @@ class _Flattener:
         self.ops: list[_PendingOp] = []
         self._aval_cache: dict[Any, tuple[int, str]] = {}
 
-    def new_value(self, aval: Any) -> int:
+    def new_value(self, aval: Any, var: Any = None) -> int:
         nbytes, shape = self._describe(aval)
+        if var is not None and self._sizes:
+            nbytes = self._sizes.get(var, nbytes)
         self.value_bytes.append(nbytes)
         self.value_shapes.append(shape)
         return len(self.value_bytes) - 1
 
-    def new_input(self, aval: Any, name: str, donated: bool) -> int:
-        v = self.new_value(aval)
+    def new_input(self, aval: Any, name: str, donated: bool, var: Any = None) -> int:
+        v = self.new_value(aval, var)
         self.inputs.append((v, name, donated))
         return v
 
@@ -145,12 +161,20 @@ class _Flattener:
                   and key in self._computed):
                 outs = self._computed[key]  # XLA's CSE merges repeated computations
             else:
-                outs = [self.new_value(var.aval) for var in eqn.outvars]
+                outs = [self.new_value(var.aval, var) for var in eqn.outvars]
                 if key is not None:
                     self._computed[key] = outs
                 flops, transcendentals, working_set = _cost(eqn)
+                if self._sizes and eqn.primitive.name != "shard_map":
+                    # per device: the share of the results it makes
+                    whole = sum(self._describe(var.aval)[0] for var in eqn.outvars)
+                    share = sum(self.value_bytes[o] for o in outs) / whole if whole else 1
+                    flops, transcendentals = flops * share, transcendentals * share
+                if communicates(eqn, partitioned=bool(self._sizes)):
+                    flops += COMMUNICATION_FLOPS_PER_BYTE * sum(self.value_bytes[o]
+                                                                for o in outs)
                 name = eqn.primitive.name
-                fusion = fusion_kind(name)
+                fusion = _shard_map_fusion(eqn) if name == "shard_map" else fusion_kind(name)
                 self.ops.append(_PendingOp(name, [i for i in ins if i is not None], outs,
                                            flops, transcendentals, source, fusion,
                                            working_set, bool(eqn.effects)))
@@ -273,6 +297,17 @@ def _inlinable_body(eqn: JaxprEqn) -> tuple[Jaxpr, list[Any]] | None:
     return None
 
 
+def _shard_map_fusion(eqn: JaxprEqn) -> str:
+    """The fusion kind of a ``shard_map``: its body's, where the body's equations
+    all fuse alike (XLA partitions the program before it fuses, so a piece of a
+    split body fuses with its neighbours as its equations would)."""
+    body = eqn.params["jaxpr"]
+    kinds = {fusion_kind(e.primitive.name) for e in getattr(body, "jaxpr", body).eqns}
+    if kinds == {"loop"}:
+        return "loop"
+    return kinds.pop() if len(kinds) == 1 else "none"
+
+
 def _cse_key(eqn: JaxprEqn, ins: list[int | None]) -> Any:
     """What identifies ``eqn``'s computation for common-subexpression elimination,
     or ``None`` when it must not be merged (effects, control flow, unhashable
@@ -313,6 +348,8 @@ def _control_flow_cost(eqn: JaxprEqn) -> tuple[float, float, int]:
     params = eqn.params
     if name == "scan":
         bodies, repeat = [params["jaxpr"]], float(params["length"])
+    elif name == "shard_map":
+        bodies, repeat = [params["jaxpr"]], 1.0    # per-device shapes already
     elif name == "while":
         bodies, repeat = [params["body_jaxpr"], params["cond_jaxpr"]], 1.0  # trips unknown
     else:
