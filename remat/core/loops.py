@@ -1,0 +1,242 @@
+"""Planning inside a differentiated loop: what the forward loop stacks.
+
+A differentiated loop is two loops: the forward one stacks, per iteration, the
+values the backward one reads (its *residuals*: a buffer of ``length`` slices
+each), and the backward one runs in reverse over those stacks. Any residual the
+forward body computes can instead be rebuilt inside the backward body, per
+iteration, from what is still at hand there: the loop's per-iteration inputs (its
+constants and the slices of the arrays it scans over), the residuals still
+stacked, and the carry each iteration started from, which must then be stacked
+too unless it already is. A loop separates the two passes, so the compiler can
+neither hoist the rebuilt values out of the backward loop nor merge them with the
+forward ones.
+
+The memory of a choice is ``length`` times the bytes stacked per iteration, plus
+the rebuilt values the backward body holds (its extra working set); its cost is
+``length`` times the FLOPs of the ops run again. :func:`loop_choices` gives the
+Pareto frontier of the choices, from "stack everything" (no recompute) to "stack
+only the carries" (the most recompute), and :func:`combine` orders choices across
+several loops.
+
+Example (a body ``y = tanh(x @ w)``, carry ``x``, residuals ``y`` and ``x``)::
+
+    >>> from remat.core.graph import GraphBuilder
+    >>> b = GraphBuilder()
+    >>> x = b.add_input(4096); w = b.add_input(4096)
+    >>> (xw,) = b.add_op("dot_general", [x, w], [4096], flops=65536)
+    >>> (y,) = b.add_op("tanh", [xw], [4096], flops=1024)
+    >>> body = LoopBody(b.build([y, x, y]), length=8, residuals=(y, x), carries=(x,))
+    >>> [(c.rebuilt, c.stacked_bytes, c.flops) for c in loop_choices(body)]
+    [((), 8192, 0.0), ((3,), 4096, 66560.0)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Sequence
+
+from remat.core.graph import Graph
+
+__all__ = ["LoopBody", "LoopChoice", "rebuild", "loop_choices", "combine"]
+
+#: Up to this many residuals that may be rebuilt, every subset is tried.
+EXHAUSTIVE_RESIDUALS = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopBody:
+    """The forward body of a differentiated loop, as the planner sees it.
+
+    Attributes:
+      graph: the body; its inputs are the loop's constants, carries and slices.
+      length: the trip count.
+      residuals: ids of the values the body stacks for the backward loop (no
+        repeats).
+      carries: ids of the inputs that are the carry at the start of an iteration.
+        Every other input is at hand in the backward body at no cost.
+      pinned: ids of ops that must not run twice (effects).
+    """
+    graph: Graph
+    length: int
+    residuals: tuple[int, ...]
+    carries: tuple[int, ...]
+    pinned: frozenset[int] = frozenset()
+
+    def __post_init__(self):
+        if len(set(self.residuals)) != len(self.residuals):
+            raise ValueError(f"LoopBody: residuals repeat: {self.residuals}")
+        if self.length < 1:
+            raise ValueError(f"LoopBody: length must be >= 1, got {self.length}")
+
+    @property
+    def rebuildable(self) -> tuple[int, ...]:
+        """The residuals that may be rebuilt: all but the carries (a stacked carry
+        rebuilt would be stacked again, as its own source)."""
+        return tuple(r for r in self.residuals if r not in self.carries)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopChoice:
+    """What one loop stacks, and what its backward body runs again.
+
+    Attributes:
+      kept: residuals still stacked.
+      rebuilt: residuals rebuilt in the backward body.
+      carries: carries newly stacked (needed by the rebuild, not residuals yet).
+      recompute: ops the backward body runs again, in the body's order.
+      stacked_bytes: bytes stacked per iteration.
+      working_bytes: bytes of the rebuilt values, held by the backward body.
+      flops: FLOPs run again per iteration.
+    """
+    kept: tuple[int, ...]
+    rebuilt: tuple[int, ...]
+    carries: tuple[int, ...]
+    recompute: tuple[int, ...]
+    stacked_bytes: int
+    working_bytes: int
+    flops: float
+
+    def memory(self, length: int) -> int:
+        """Bytes of the choice: the stacks and the backward body's extra values."""
+        return length * self.stacked_bytes + self.working_bytes
+
+
+def rebuild(body: LoopBody, rebuilt: Iterable[int]) -> LoopChoice | None:
+    """The choice that rebuilds the residuals ``rebuilt`` from the others; None if
+    that needs a pinned op. Each value is rebuilt from the nearest values at hand:
+    a kept residual, an input, or a carry (stacked for it)."""
+    graph = body.graph
+    rebuilt = tuple(r for r in body.residuals if r in set(rebuilt))
+    if any(r in body.carries for r in rebuilt):
+        raise ValueError(f"rebuild: carries cannot be rebuilt: {rebuilt}")
+    kept = tuple(r for r in body.residuals if r not in rebuilt)
+    at_hand = set(kept) | set(graph.inputs)
+    carries = set(body.carries)
+    ops: set[int] = set()
+    needed_carries: set[int] = set()
+    stack = list(rebuilt)
+    seen: set[int] = set()
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in carries and v not in kept:
+            needed_carries.add(v)
+            continue
+        if v in at_hand:
+            continue
+        op = graph.values[v].producer
+        if op in body.pinned:
+            return None
+        ops.add(op)
+        stack.extend(graph.ops[op].inputs)
+    order = tuple(o for o in graph.topological_order if o in ops)
+    new_carries = tuple(c for c in body.carries if c in needed_carries)
+    return LoopChoice(
+        kept, rebuilt, new_carries, order,
+        graph.total_bytes(kept) + graph.total_bytes(new_carries),
+        graph.total_bytes({v for o in order for v in graph.ops[o].outputs}),
+        float(sum(graph.ops[o].flops for o in order)))
+
+
+def _greedy(body: LoopBody) -> Iterable[frozenset[int]]:
+    """Drop sets growing one residual at a time, each step the one that frees the
+    most bytes per FLOP run again."""
+    dropped: frozenset[int] = frozenset()
+    current = rebuild(body, dropped)
+    while current is not None:
+        yield dropped
+        best = None
+        for r in body.rebuildable:
+            if r in dropped:
+                continue
+            trial = rebuild(body, dropped | {r})
+            if trial is None:
+                continue
+            saved = current.memory(body.length) - trial.memory(body.length)
+            ratio = saved / (trial.flops - current.flops + 1.0)
+            if best is None or ratio > best[0]:
+                best = (ratio, r, trial)
+        if best is None:
+            return
+        dropped, current = dropped | {best[1]}, best[2]
+
+
+def _by_producer_cost(body: LoopBody) -> Iterable[frozenset[int]]:
+    """Drop sets that keep the residuals made by the costliest ops: for each
+    producer cost, rebuild every residual made more cheaply (inputs cost 0).
+    These are the "keep the matmuls" choices."""
+    graph = body.graph
+
+    def cost(r):
+        op = graph.values[r].producer
+        return -1.0 if op is None else graph.ops[op].flops
+
+    for threshold in sorted({cost(r) for r in body.rebuildable}) + [float("inf")]:
+        yield frozenset(r for r in body.rebuildable if cost(r) < threshold)
+
+
+def loop_choices(body: LoopBody) -> tuple[LoopChoice, ...]:
+    """The Pareto frontier of the choices for ``body``: least recompute first,
+    each one needing strictly less memory than the one before. The first stacks
+    every residual (no recompute); where every residual can be rebuilt, the last
+    stacks only carries. Every subset is tried when at most
+    ``EXHAUSTIVE_RESIDUALS`` residuals may be rebuilt; otherwise the greedy
+    sequence and the keep-the-costliest sequence."""
+    free = body.rebuildable
+    if len(free) <= EXHAUSTIVE_RESIDUALS:
+        sets: Iterable[frozenset[int]] = (
+            frozenset(c) for n in range(len(free) + 1)
+            for c in itertools.combinations(free, n))
+    else:
+        sets = itertools.chain(_greedy(body), _by_producer_cost(body))
+    found = {}
+    for dropped in sets:
+        if dropped not in found:
+            found[dropped] = rebuild(body, dropped)
+    return pareto(body.length, [c for c in found.values() if c is not None])
+
+
+def pareto(length: int, choices: Sequence[LoopChoice]) -> tuple[LoopChoice, ...]:
+    """``choices`` on their frontier: by FLOPs, then memory; each kept choice needs
+    less memory than every cheaper one."""
+    frontier: list[LoopChoice] = []
+    for c in sorted(choices, key=lambda c: (c.flops, c.memory(length), c.rebuilt)):
+        if not frontier or c.memory(length) < frontier[-1].memory(length):
+            frontier.append(c)
+    return tuple(frontier)
+
+
+def combine(frontiers: Sequence[Sequence[LoopChoice]], lengths: Sequence[int]
+            ) -> list[tuple[int, ...]]:
+    """Choices for several loops at once: index tuples into ``frontiers`` (one per
+    loop), from all zeros (each loop's first choice) up, each step moving one loop
+    one choice along its frontier: the move that frees the most bytes per FLOP
+    added. FLOPs grow and memory shrinks along the list.
+
+    >>> from remat.core.loops import LoopChoice as C
+    >>> a = [C((), (), (), (), 100, 0, 0.0), C((), (), (), (), 10, 0, 50.0)]
+    >>> b = [C((), (), (), (), 100, 0, 0.0), C((), (), (), (), 10, 0, 5.0)]
+    >>> combine([a, b], [1, 1])
+    [(0, 0), (0, 1), (1, 1)]
+    """
+    if len(frontiers) != len(lengths):
+        raise ValueError(f"combine: {len(frontiers)} frontiers but {len(lengths)} "
+                         "lengths; give one length per loop.")
+    at = [0] * len(frontiers)
+    chain = [tuple(at)]
+    while True:
+        best = None
+        for i, (front, n) in enumerate(zip(frontiers, lengths)):
+            if at[i] + 1 >= len(front):
+                continue
+            now, nxt = front[at[i]], front[at[i] + 1]
+            ratio = (now.memory(n) - nxt.memory(n)) / (n * (nxt.flops - now.flops) + 1.0)
+            if best is None or ratio > best[0]:
+                best = (ratio, i)
+        if best is None:
+            return chain
+        at[best[1]] += 1
+        chain.append(tuple(at))
