@@ -677,6 +677,11 @@ def _heuristics_search(search: _Search, schedules) -> bool:
 
 
 def plan_program(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
+    from remat._jax.loop_plan import plan_with_loops   # differentiated loops first
+    return plan_with_loops(fun, args, kwargs, settings, jit_kwargs, _plan_flat)
+
+
+def _plan_flat(fun, args, kwargs, settings: _Settings, jit_kwargs) -> Plan:
     closed, out_tree = _trace(fun, args, kwargs)
     start = time.perf_counter()     # tracing is not planning: jax.jit traces too
     with gc_paused():

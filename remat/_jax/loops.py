@@ -151,11 +151,12 @@ def loop_body(jaxpr: core.Jaxpr, pair: LoopPair) -> BodyMap:
     b = GraphBuilder()
     ids: dict = {}
     for v in [*body.constvars, *body.invars]:
-        ids[v] = b.add_input(_nbytes(v.aval), shape=str(v.aval))
+        ids[v] = b.add_input(_nbytes(v.aval), shape=v.aval.str_short())
     pinned = set()
     for i, e in enumerate(body.eqns):
         ins = [ids[v] for v in e.invars if isinstance(v, core.Var)]
         outs = b.add_op(e.primitive.name, ins, [_nbytes(v.aval) for v in e.outvars],
+                        output_shapes=[v.aval.str_short() for v in e.outvars],
                         flops=_eqn_flops(e), source=source_line(e))
         ids.update(zip(e.outvars, outs))
         if e.effects:

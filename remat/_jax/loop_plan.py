@@ -1,0 +1,171 @@
+"""The automatic pass on programs with differentiated loops.
+
+Loops and the flat program around them are planned against one limit. Each
+loop's choices (:func:`remat.core.loops.loop_choices`, what it stacks per
+iteration) are merged into one sequence over all loops
+(:func:`remat.core.loops.combine`), from no recompute up; each is applied to the
+program (:func:`remat._jax.loops.rewrite_loops`) and read in XLA's figures. The
+cheapest choice whose program XLA reads within the limit is taken; when none is,
+the one XLA reads lowest. The flat search (``auto.py``) then plans the rewritten
+program against the same limit in bytes, so it recomputes outside the loops only
+what the loop choice leaves over the limit. A program without such loops goes to
+the flat search unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from remat._jax import auto
+from remat._jax.compat import core
+from remat._jax.compat_graph import source_line
+from remat._jax.inline import inline_calls
+from remat._jax.loops import BodyMap, LoopPair, find_loops, loop_body, rewrite_loops
+from remat.core.loops import LoopChoice, combine, loop_choices
+from remat.core.memlog import format_bytes
+
+__all__ = ["LoopDecision", "LoopPlan", "plan_with_loops"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopDecision:
+    """What the plan does to one differentiated loop.
+
+    Attributes:
+      source: the user source line of the forward loop.
+      length: its trip count.
+      stacked: the values stacked per iteration (shape and producing op).
+      rebuilt: the values the backward loop rebuilds per iteration instead.
+      recomputed: the ops it runs again per iteration.
+      extra_flops: FLOPs run again, over all iterations.
+      stacked_bytes: bytes stacked, over all iterations.
+    """
+    source: str
+    length: int
+    stacked: tuple[str, ...]
+    rebuilt: tuple[str, ...]
+    recomputed: tuple[str, ...]
+    extra_flops: float
+    stacked_bytes: int
+
+    def __str__(self) -> str:
+        kept = ", ".join(self.stacked) or "nothing"
+        if not self.rebuilt:
+            return (f"loop at {self.source} ({self.length} iterations): stacks {kept} "
+                    f"({format_bytes(self.stacked_bytes)}), as written")
+        return (f"loop at {self.source} ({self.length} iterations): stacks {kept} "
+                f"({format_bytes(self.stacked_bytes)}); rebuilds "
+                f"{', '.join(self.rebuilt)} by running {len(self.recomputed)} op(s) "
+                f"again per iteration (+{self.extra_flops / 1e9:.2f} GFLOP)")
+
+
+def _describe(pair: LoopPair, bmap: BodyMap, choice: LoopChoice,
+              jaxpr: core.Jaxpr) -> LoopDecision:
+    graph = bmap.body.graph
+
+    def name(v):
+        value = graph.values[v]
+        made = "carry" if v in bmap.body.carries else (
+            "input" if value.producer is None else graph.ops[value.producer].label)
+        return f"{value.shape} ({made})"
+
+    stacked = [*choice.kept, *choice.carries]
+    return LoopDecision(
+        source_line(jaxpr.eqns[pair.forward]) or "unknown source", bmap.body.length,
+        tuple(name(v) for v in stacked), tuple(name(v) for v in choice.rebuilt),
+        tuple(f"{graph.ops[o].label} from {graph.ops[o].source or 'unknown source'}"
+              for o in choice.recompute),
+        choice.flops * bmap.body.length, choice.stacked_bytes * bmap.body.length)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopPlan(auto.Plan):
+    """A :class:`remat.jit` plan of a program with differentiated loops: the flat
+    plan of the program as the loop choice rewrote it (``graph``, ``result`` and
+    ``jaxpr`` are that program's), and ``loops``, one decision per loop.
+    ``baseline`` is the program as written."""
+    loops: tuple[LoopDecision, ...] = ()
+
+    @property
+    def extra_flops(self) -> float:
+        return self.result.extra_flops + sum(d.extra_flops for d in self.loops)
+
+    @property
+    def recomputed(self) -> list[str]:
+        return [*(f"{line} (in the backward loop of {d.source})"
+                  for d in self.loops for line in d.recomputed), *super().recomputed]
+
+    def __str__(self) -> str:
+        return "\n".join([super().__str__(), *(f"  {d}" for d in self.loops)])
+
+
+def plan_with_loops(fun: Callable, args, kwargs, settings, jit_kwargs,
+                    plan_flat: Callable) -> auto.Plan:
+    """``plan_flat(fun, args, kwargs, settings, jit_kwargs)`` (the flat search),
+    after choosing what each differentiated loop of ``fun`` stacks."""
+    closed, out_tree = auto._trace(fun, args, kwargs)
+    flat = inline_calls(closed)
+    pairs = find_loops(flat.jaxpr)
+    if not pairs:
+        return plan_flat(fun, args, kwargs, settings, jit_kwargs)
+    start = time.perf_counter()
+    maps = [loop_body(flat.jaxpr, p) for p in pairs]
+    frontiers = [loop_choices(m.body) for m in maps]
+    chain = combine(frontiers, [m.body.length for m in maps])
+    planning = time.perf_counter() - start
+
+    def program(k: int) -> core.ClosedJaxpr:
+        choices = [front[i] for front, i in zip(frontiers, chain[k])]
+        return core.ClosedJaxpr(rewrite_loops(flat.jaxpr, pairs, maps, choices),
+                                flat.consts)
+
+    footprints: dict[int, int] = {}
+
+    def footprint(k: int) -> int:
+        if k not in footprints:
+            compiled = auto._compile(program(k), out_tree, args, kwargs, jit_kwargs)
+            footprints[k] = auto.XlaFootprint.of(compiled).total
+        return footprints[k]
+
+    baseline = auto.XlaFootprint.of(auto._compile(flat, out_tree, args, kwargs,
+                                                  jit_kwargs))
+    limit = auto._limit_bytes(settings.memory_limit, baseline)
+    footprints[0] = baseline.total
+    chosen = _cheapest_within(footprint, len(chain), limit)
+    t = time.perf_counter()
+    decisions = tuple(_describe(p, m, front[i], flat.jaxpr)
+                      for p, m, front, i in zip(pairs, maps, frontiers, chain[chosen]))
+    planning += time.perf_counter() - t
+    at_bytes = dataclasses.replace(settings, memory_limit=limit)
+    rewritten = auto._as_function(program(chosen), out_tree)
+    try:
+        flat_plan = plan_flat(rewritten, args, kwargs, at_bytes, jit_kwargs)
+    except auto.MemoryLimitError as e:
+        raise auto.MemoryLimitError(
+            f"remat: with its {len(pairs)} differentiated loop(s) stacking the least "
+            f"they can ({'; '.join(map(str, decisions))}), the program's footprint is "
+            f"{format_bytes(footprint(chosen))} (plain: {format_bytes(baseline.total)})."
+            f" Planning the rest: {e}") from e
+    fields = {f.name: getattr(flat_plan, f.name) for f in dataclasses.fields(auto.Plan)}
+    fields.update(baseline=baseline, loops=decisions,
+                  plan_seconds=flat_plan.plan_seconds + planning)
+    plan = LoopPlan(**fields)
+    auto._dump(plan, settings)
+    return plan
+
+
+def _cheapest_within(footprint: Callable[[int], int], count: int, limit: int) -> int:
+    """The first of ``count`` choices (memory falling along them) whose footprint
+    is within ``limit``, by bisection; the last if none is."""
+    if footprint(count - 1) > limit:
+        return count - 1
+    lo, hi = 0, count - 1          # hi is within the limit
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if footprint(mid) <= limit:
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
