@@ -6,7 +6,7 @@ iteration) are merged into one sequence over all loops
 (:func:`remat.core.loops.combine`), from no recompute up; each is applied to the
 program (:func:`remat._jax.loops.rewrite_loops`) and read in XLA's figures. The
 cheapest choice whose program XLA reads within the limit is taken; when none is,
-the one XLA reads lowest. The flat search (``auto.py``) then plans the rewritten
+the one that stacks the least. The flat search (``auto.py``) then plans the rewritten
 program against the same limit in bytes, so it recomputes outside the loops only
 what the loop choice leaves over the limit. A program without such loops goes to
 the flat search unchanged.
@@ -133,7 +133,12 @@ def plan_with_loops(fun: Callable, args, kwargs, settings, jit_kwargs,
                                                   jit_kwargs))
     limit = auto._limit_bytes(settings.memory_limit, baseline)
     footprints[0] = baseline.total
-    chosen = _cheapest_within(footprint, len(chain), limit)
+    # The model's footprint of each choice: the plain one, less the bytes no
+    # longer stacked, plus the rebuilt values the backward loops hold.
+    memory = [sum(front[i].memory(m.body.length)
+                  for front, i, m in zip(frontiers, c, maps)) for c in chain]
+    chosen = _cheapest_within(footprint, [baseline.total - memory[0] + m for m in memory],
+                              limit)
     t = time.perf_counter()
     decisions = tuple(_describe(p, m, front[i], flat.jaxpr)
                       for p, m, front, i in zip(pairs, maps, frontiers, chain[chosen]))
@@ -156,16 +161,17 @@ def plan_with_loops(fun: Callable, args, kwargs, settings, jit_kwargs,
     return plan
 
 
-def _cheapest_within(footprint: Callable[[int], int], count: int, limit: int) -> int:
-    """The first of ``count`` choices (memory falling along them) whose footprint
-    is within ``limit``, by bisection; the last if none is."""
-    if footprint(count - 1) > limit:
-        return count - 1
-    lo, hi = 0, count - 1          # hi is within the limit
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if footprint(mid) <= limit:
-            hi = mid
-        else:
-            lo = mid + 1
-    return hi
+def _cheapest_within(footprint: Callable[[int], int], predicted: list[int],
+                     limit: int) -> int:
+    """The first choice whose footprint is within ``limit`` (memory falls along
+    the choices), or the last if none is: starting at the first the model
+    (``predicted``) puts within it, then one step at a time the way XLA's
+    figure says."""
+    k = next((i for i, m in enumerate(predicted) if m <= limit), len(predicted) - 1)
+    if footprint(k) <= limit:
+        while k > 0 and footprint(k - 1) <= limit:
+            k -= 1
+        return k
+    while k + 1 < len(predicted) and footprint(k) > limit:
+        k += 1
+    return k

@@ -164,6 +164,31 @@ def _greedy(body: LoopBody) -> Iterable[frozenset[int]]:
         dropped, current = dropped | {best[1]}, best[2]
 
 
+def _greedy_up(body: LoopBody) -> Iterable[frozenset[int]]:
+    """Drop sets shrinking one residual at a time from "rebuild everything", each
+    step keeping the one that saves the most FLOPs per byte stacked (a step that
+    stacks no more bytes first), while a step saves any."""
+    dropped = frozenset(r for r in body.rebuildable
+                        if rebuild(body, {r}) is not None)
+    current = rebuild(body, dropped)
+    while current is not None:
+        yield dropped
+        best = None
+        for r in dropped:
+            trial = rebuild(body, dropped - {r})
+            saved = current.flops - trial.flops
+            if saved <= 0:
+                continue
+            added = trial.memory(body.length) - current.memory(body.length)
+            key = (added > 0, saved / max(added, 1))
+            key = (key[0], -key[1])
+            if best is None or key < best[0]:
+                best = (key, r, trial)
+        if best is None:
+            return
+        dropped, current = dropped - {best[1]}, best[2]
+
+
 def _by_producer_cost(body: LoopBody) -> Iterable[frozenset[int]]:
     """Drop sets that keep the residuals made by the costliest ops: for each
     producer cost, rebuild every residual made more cheaply (inputs cost 0).
@@ -184,14 +209,15 @@ def loop_choices(body: LoopBody) -> tuple[LoopChoice, ...]:
     every residual (no recompute); where every residual can be rebuilt, the last
     stacks only carries. Every subset is tried when at most
     ``EXHAUSTIVE_RESIDUALS`` residuals may be rebuilt; otherwise the greedy
-    sequence and the keep-the-costliest sequence."""
+    sequences down from "stack everything" and up from "rebuild everything", and
+    the keep-the-costliest sequence."""
     free = body.rebuildable
     if len(free) <= EXHAUSTIVE_RESIDUALS:
         sets: Iterable[frozenset[int]] = (
             frozenset(c) for n in range(len(free) + 1)
             for c in itertools.combinations(free, n))
     else:
-        sets = itertools.chain(_greedy(body), _by_producer_cost(body))
+        sets = itertools.chain(_greedy(body), _greedy_up(body), _by_producer_cost(body))
     found = {}
     for dropped in sets:
         if dropped not in found:
