@@ -107,7 +107,11 @@ def rebuild(body: LoopBody, rebuilt: Iterable[int]) -> LoopChoice | None:
     that needs a pinned op. Each value is rebuilt from the nearest values at hand:
     a kept residual, an input, or a carry (stacked for it)."""
     graph = body.graph
-    rebuilt = tuple(r for r in body.residuals if r in set(rebuilt))
+    asked = set(rebuilt)
+    if not asked <= set(body.residuals):
+        raise ValueError(f"rebuild: values {sorted(asked - set(body.residuals))} are "
+                         f"not residuals of the loop; its residuals are {body.residuals}")
+    rebuilt = tuple(r for r in body.residuals if r in asked)
     if any(r in body.carries for r in rebuilt):
         raise ValueError(f"rebuild: carries cannot be rebuilt: {rebuilt}")
     kept = tuple(r for r in body.residuals if r not in rebuilt)
