@@ -164,14 +164,26 @@ def plan_with_loops(fun: Callable, args, kwargs, settings, jit_kwargs,
 def _cheapest_within(footprint: Callable[[int], int], predicted: list[int],
                      limit: int) -> int:
     """The first choice whose footprint is within ``limit`` (memory falls along
-    the choices), or the last if none is: starting at the first the model
-    (``predicted``) puts within it, then one step at a time the way XLA's
-    figure says."""
-    k = next((i for i, m in enumerate(predicted) if m <= limit), len(predicted) - 1)
+    the choices), or the last if none is: read first at the first choice the
+    model (``predicted``) puts within it, then bisected, in steps doubling away
+    from it until XLA's figure crosses the limit."""
+    last = len(predicted) - 1
+    if footprint(0) <= limit:
+        return 0
+    k = next((i for i, m in enumerate(predicted) if m <= limit), last)
     if footprint(k) <= limit:
-        while k > 0 and footprint(k - 1) <= limit:
-            k -= 1
-        return k
-    while k + 1 < len(predicted) and footprint(k) > limit:
-        k += 1
-    return k
+        hi, step = k, 1
+        while hi - step > 0 and footprint(hi - step) <= limit:
+            hi, step = hi - step, 2 * step
+        lo = max(hi - step, 0)          # over the limit (choice 0 is the plain program)
+    else:
+        lo, step = k, 1
+        while lo < last and footprint(min(lo + step, last)) > limit:
+            lo, step = min(lo + step, last), 2 * step
+        if lo == last:
+            return last
+        hi = min(lo + step, last)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if footprint(mid) <= limit else (mid, hi)
+    return hi

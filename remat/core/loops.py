@@ -86,7 +86,9 @@ class LoopChoice:
       carries: carries newly stacked (needed by the rebuild, not residuals yet).
       recompute: ops the backward body runs again, in the body's order.
       stacked_bytes: bytes stacked per iteration.
-      working_bytes: bytes of the rebuilt values, held by the backward body.
+      working_bytes: what the backward body holds besides: the rebuilt residuals,
+        and the largest value made on the way to them (an estimate: the others
+        are freed as they are read).
       flops: FLOPs run again per iteration.
     """
     kept: tuple[int, ...]
@@ -138,10 +140,12 @@ def rebuild(body: LoopBody, rebuilt: Iterable[int]) -> LoopChoice | None:
         stack.extend(graph.ops[op].inputs)
     order = tuple(o for o in graph.topological_order if o in ops)
     new_carries = tuple(c for c in body.carries if c in needed_carries)
+    between = [graph.values[v].nbytes for o in order for v in graph.ops[o].outputs
+               if v not in asked]
     return LoopChoice(
         kept, rebuilt, new_carries, order,
         graph.total_bytes(kept) + graph.total_bytes(new_carries),
-        graph.total_bytes({v for o in order for v in graph.ops[o].outputs}),
+        graph.total_bytes(rebuilt) + max(between, default=0),
         float(sum(graph.ops[o].flops for o in order)))
 
 
