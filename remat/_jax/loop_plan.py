@@ -164,20 +164,35 @@ def plan_with_loops(fun: Callable, args, kwargs, settings, jit_kwargs,
 def _cheapest_within(footprint: Callable[[int], int], predicted: list[int],
                      limit: int) -> int:
     """The first choice whose footprint is within ``limit`` (memory falls along
-    the choices), or the last if none is: read first at the first choice the
-    model (``predicted``) puts within it, then bisected, in steps doubling away
-    from it until XLA's figure crosses the limit."""
+    the choices; choice 0 is the program as written), or the last if none is.
+
+    XLA's figure is read first at the first choice the model (``predicted``)
+    puts within the limit, then at the one it puts there once its savings are
+    scaled to XLA's at that first read (XLA frees more or less than the model
+    says, by a steady factor); from there, in steps doubling away, until XLA's
+    figure crosses the limit, and then by bisection.
+    """
     last = len(predicted) - 1
-    if footprint(0) <= limit:
+    base = footprint(0)
+    if base <= limit:
         return 0
-    k = next((i for i, m in enumerate(predicted) if m <= limit), last)
-    if footprint(k) <= limit:
-        hi, step = k, 1
-        while hi - step > 0 and footprint(hi - step) <= limit:
-            hi, step = hi - step, 2 * step
-        lo = max(hi - step, 0)          # over the limit (choice 0 is the plain program)
+    read = {0: base}
+
+    def pick(scale: float) -> int:
+        return next((i for i, m in enumerate(predicted)
+                     if base - scale * (predicted[0] - m) <= limit), last)
+
+    k = pick(1.0)
+    read[k] = footprint(k)
+    if predicted[0] > predicted[k] and base > read[k]:
+        k = pick((base - read[k]) / (predicted[0] - predicted[k]))
+        read[k] = footprint(k)
+    met = [i for i, f in read.items() if f <= limit]
+    if met:
+        hi = min(met)
+        lo = max(i for i, f in read.items() if f > limit and i < hi)
     else:
-        lo, step = k, 1
+        lo, step = max(read), 1
         while lo < last and footprint(min(lo + step, last)) > limit:
             lo, step = min(lo + step, last), 2 * step
         if lo == last:

@@ -91,16 +91,17 @@ def test_scanned_transformer(fraction):
     _check(jax.value_and_grad(_transformer_loss), _transformer_inputs(2), fraction)
 
 
-def test_train_step_with_optax():
-    params, x = _transformer_inputs(3)
+@pytest.mark.parametrize("fraction", [0.5, 0.3])
+def test_train_step_with_optax(fraction):
+    ws, x = _mlp_inputs(3)
     opt = optax.adam(1e-3)
 
-    def train_step(params, state, x):
-        loss, grads = jax.value_and_grad(_transformer_loss)(params, x)
-        updates, state = opt.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, loss
+    def train_step(ws, state, x):
+        loss, grads = jax.value_and_grad(_mlp_loss)(ws, x)
+        updates, state = opt.update(grads, state, ws)
+        return optax.apply_updates(ws, updates), state, loss
 
-    _check(train_step, (params, opt.init(params), x), 0.5)
+    _check(train_step, (ws, opt.init(ws), x), fraction)
 
 
 def test_fori_loop_with_static_bounds():
@@ -168,5 +169,5 @@ def test_cheapest_within_finds_the_first_met_choice(first_met, model_pick):
 
     predicted = [1000] * model_pick + [0] * (10 - model_pick)
     assert _cheapest_within(footprint, predicted, 100 - first_met) == first_met
-    assert len(set(read)) <= 8
+    assert len(set(read)) <= 9
     assert _cheapest_within(footprint, predicted, 0) == 9     # none met: the last
