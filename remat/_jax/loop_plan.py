@@ -22,6 +22,7 @@ from remat._jax import auto
 from remat._jax.compat import core
 from remat._jax.compat_graph import source_line
 from remat._jax.inline import inline_calls
+from remat._jax.loop_split import segment_sizes, split_loops
 from remat._jax.loops import BodyMap, LoopPair, find_loops, loop_body, rewrite_loops
 from remat.core.loops import LoopChoice, combine, loop_choices
 from remat.core.memlog import format_bytes
@@ -40,7 +41,9 @@ class LoopDecision:
       rebuilt: the values the backward loop rebuilds per iteration instead.
       recomputed: the ops it runs again per iteration.
       extra_flops: FLOPs run again, over all iterations.
-      stacked_bytes: bytes stacked, over all iterations.
+      stacked_bytes: bytes stacked, over all iterations (unsplit).
+      split: the segment size if the loop runs in segments (its forward
+        iterations then run twice; ``extra_flops`` counts it), else None.
     """
     source: str
     length: int
@@ -49,20 +52,26 @@ class LoopDecision:
     recomputed: tuple[str, ...]
     extra_flops: float
     stacked_bytes: int
+    split: int | None = None
 
     def __str__(self) -> str:
         kept = ", ".join(self.stacked) or "nothing"
-        if not self.rebuilt:
-            return (f"loop at {self.source} ({self.length} iterations): stacks {kept} "
-                    f"({format_bytes(self.stacked_bytes)}), as written")
-        return (f"loop at {self.source} ({self.length} iterations): stacks {kept} "
-                f"({format_bytes(self.stacked_bytes)}); rebuilds "
-                f"{', '.join(self.rebuilt)} by running {len(self.recomputed)} op(s) "
-                f"again per iteration (+{self.extra_flops / 1e9:.2f} GFLOP)")
+        text = (f"loop at {self.source} ({self.length} iterations): stacks {kept} "
+                f"({format_bytes(self.stacked_bytes)})")
+        if self.rebuilt:
+            text += (f"; rebuilds {', '.join(self.rebuilt)} by running "
+                     f"{len(self.recomputed)} op(s) again per iteration")
+        if self.split:
+            text += (f"; split into {self.length // self.split} segments of "
+                     f"{self.split}, keeping the carry at each segment's start and "
+                     "running each segment's forward iterations again")
+        if not self.rebuilt and not self.split:
+            return text + ", as written"
+        return text + f" (+{self.extra_flops / 1e9:.2f} GFLOP)"
 
 
 def _describe(pair: LoopPair, bmap: BodyMap, choice: LoopChoice,
-              jaxpr: core.Jaxpr) -> LoopDecision:
+              jaxpr: core.Jaxpr, split: int | None) -> LoopDecision:
     graph = bmap.body.graph
 
     def name(v):
@@ -77,7 +86,8 @@ def _describe(pair: LoopPair, bmap: BodyMap, choice: LoopChoice,
         tuple(name(v) for v in stacked), tuple(name(v) for v in choice.rebuilt),
         tuple(f"{graph.ops[o].label} from {graph.ops[o].source or 'unknown source'}"
               for o in choice.recompute),
-        choice.flops * bmap.body.length, choice.stacked_bytes * bmap.body.length)
+        (choice.flops + (sum(op.flops for op in graph.ops) if split else 0)) *
+        bmap.body.length, choice.stacked_bytes * bmap.body.length, split)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,19 +149,25 @@ def plan_with_loops(fun: Callable, args, kwargs, settings, jit_kwargs,
                   for front, i, m in zip(frontiers, c, maps)) for c in chain]
     chosen = _cheapest_within(footprint, [baseline.total - memory[0] + m for m in memory],
                               limit)
+    best, size, reached = program(chosen), None, footprint(chosen)
+    if reached > limit:
+        reached, best, chosen, size = _split(program, footprint(chosen), chosen, pairs, limit,
+                                    lambda c: auto.XlaFootprint.of(auto._compile(
+                                        c, out_tree, args, kwargs, jit_kwargs)).total)
     t = time.perf_counter()
-    decisions = tuple(_describe(p, m, front[i], flat.jaxpr)
-                      for p, m, front, i in zip(pairs, maps, frontiers, chain[chosen]))
+    decisions = tuple(_describe(p, m, front[i], flat.jaxpr, size and size[n])
+                      for n, (p, m, front, i) in enumerate(
+                          zip(pairs, maps, frontiers, chain[chosen])))
     planning += time.perf_counter() - t
     at_bytes = dataclasses.replace(settings, memory_limit=limit)
-    rewritten = auto._as_function(program(chosen), out_tree)
+    rewritten = auto._as_function(best, out_tree)
     try:
         flat_plan = plan_flat(rewritten, args, kwargs, at_bytes, jit_kwargs)
     except auto.MemoryLimitError as e:
         raise auto.MemoryLimitError(
-            f"remat: with its {len(pairs)} differentiated loop(s) stacking the least "
-            f"they can ({'; '.join(map(str, decisions))}), the program's footprint is "
-            f"{format_bytes(footprint(chosen))} (plain: {format_bytes(baseline.total)})."
+            f"remat: with its {len(pairs)} differentiated loop(s) planned for the least "
+            f"footprint found ({'; '.join(map(str, decisions))}), the program's is "
+            f"{format_bytes(reached)} (plain: {format_bytes(baseline.total)})."
             f" Planning the rest: {e}") from e
     fields = {f.name: getattr(flat_plan, f.name) for f in dataclasses.fields(auto.Plan)}
     fields.update(baseline=baseline, loops=decisions,
@@ -159,6 +175,39 @@ def plan_with_loops(fun: Callable, args, kwargs, settings, jit_kwargs,
     plan = LoopPlan(**fields)
     auto._dump(plan, settings)
     return plan
+
+
+#: Segment sizes tried per loop when no choice alone meets the limit.
+_SPLIT_SIZES = 2
+
+
+def _split(program, unsplit: int, last: int, pairs, limit: int, footprint_of):
+    """``(footprint, program, choice, sizes)``: the loops run in segments (sizes nearest the
+    square root of their lengths first), on the program as written, then on the
+    choice ``last`` (the least stacked): the first XLA reads within ``limit``,
+    else the lowest it reads, the unsplit ``program(last)`` (footprint
+    ``unsplit``) included."""
+    best = (unsplit, program(last), last, None)
+    for k in dict.fromkeys((0, last)):
+        closed = program(k)
+        # The rewrite keeps equation positions: the pairs are found where they were.
+        found = {(p.forward, p.backward): p for p in find_loops(closed.jaxpr)}
+        now = [found.get((p.forward, p.backward)) for p in pairs]
+        if None in now:
+            continue
+        for rank in range(_SPLIT_SIZES):
+            sizes = [segment_sizes(p_len) for p_len in
+                     (closed.jaxpr.eqns[p.forward].params["length"] for p in now)]
+            pick = [s[min(rank, len(s) - 1)] if s else None for s in sizes]
+            if all(x is None for x in pick):
+                break
+            split = split_loops(closed, {p: x for p, x in zip(now, pick) if x})
+            total = footprint_of(split)
+            if total < best[0]:
+                best = (total, split, k, tuple(pick))
+            if total <= limit:
+                return best
+    return best
 
 
 def _cheapest_within(footprint: Callable[[int], int], predicted: list[int],

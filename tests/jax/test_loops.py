@@ -12,6 +12,7 @@ from remat._jax import auto
 from remat._jax.compat import core
 from remat._jax.inline import inline_calls
 from remat._jax.loop_plan import LoopPlan, _cheapest_within
+from remat._jax.loop_split import segment_sizes, split_loops
 from remat._jax.loops import find_loops, loop_body, rewrite_loops
 from remat.core.loops import loop_choices
 
@@ -171,3 +172,28 @@ def test_cheapest_within_finds_the_first_met_choice(first_met, model_pick):
     assert _cheapest_within(footprint, predicted, 100 - first_met) == first_met
     assert len(set(read)) <= 9
     assert _cheapest_within(footprint, predicted, 0) == 9     # none met: the last
+
+
+def test_split_loops_keep_gradients_and_stack_less():
+    ws, x = _mlp_inputs(7)
+    ws = jnp.concatenate([ws, ws[::-1]])                    # 16 iterations
+    flat = inline_calls(jax.make_jaxpr(jax.grad(_mlp_loss, argnums=(0, 1)))(ws, x))
+    pairs = find_loops(flat.jaxpr)
+    bmap = loop_body(flat.jaxpr, pairs[0])
+    carry_only = core.ClosedJaxpr(rewrite_loops(
+        flat.jaxpr, pairs, [bmap], [loop_choices(bmap.body)[-1]]), flat.consts)
+    assert segment_sizes(16) == [4, 2, 8] and segment_sizes(7) == []
+    want = core.jaxpr_as_fun(flat)(ws, x)
+    sizes = {}
+    for name, closed in [("as written", flat), ("carry only", carry_only)]:
+        for size in (None, 4):
+            if size:
+                closed = split_loops(closed, {find_loops(closed.jaxpr)[0]: size})
+            compiled = jax.jit(core.jaxpr_as_fun(closed)).lower(ws, x).compile()
+            sizes[name, size] = _footprint(compiled)
+            for got, w in zip(compiled(ws, x), want):
+                np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-7)
+    assert sizes["as written", 4] < sizes["as written", None]
+    assert sizes["carry only", 4] < sizes["carry only", None]
+    with pytest.raises(ValueError, match="size must divide"):
+        split_loops(flat, {pairs[0]: 3})
