@@ -197,3 +197,10 @@ def test_split_loops_keep_gradients_and_stack_less():
     assert sizes["carry only", 4] < sizes["carry only", None]
     with pytest.raises(ValueError, match="size must divide"):
         split_loops(flat, {pairs[0]: 3})
+    # Below what any choice stacking per iteration reaches: the pass splits.
+    grad = jax.grad(_mlp_loss, argnums=(0, 1))
+    plan = remat.plan(grad, ws, x, memory_limit=sizes["carry only", None] - 1)
+    assert plan.met and plan.loops[0].split in segment_sizes(16)
+    assert "segments of" in str(plan)
+    for got, w in zip(plan.compiled(ws, x), want):
+        np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-7)
