@@ -211,21 +211,48 @@ def _by_producer_cost(body: LoopBody) -> Iterable[frozenset[int]]:
         yield frozenset(r for r in body.rebuildable if cost(r) < threshold)
 
 
+def _by_intensity(body: LoopBody) -> Iterable[frozenset[int]]:
+    """Drop sets that rebuild only through cheap ops, one per threshold on an op's
+    arithmetic intensity (FLOPs per byte it reads or writes): in the body's order, a residual is kept if rebuilding
+    it from what is at hand (inputs, carries, residuals kept so far) runs an op at
+    or above the threshold, else rebuilt. These are the "save what the matmuls
+    make" choices, wherever a reshape or an activation sits between the matmul
+    and the residual."""
+    graph = body.graph
+
+    def intensity(o):      # FLOPs per byte read or written
+        op = graph.ops[o]
+        moved = sum(graph.values[v].nbytes for v in (*op.inputs, *op.outputs))
+        return op.flops / max(moved, 1)
+
+    order = sorted(body.rebuildable, key=lambda r: (graph.values[r].producer is not None,
+                                                     graph.values[r].producer))
+    for threshold in sorted({intensity(o) for o in range(graph.num_ops)}, reverse=True):
+        dropped: set[int] = set()
+        for r in order:
+            trial = rebuild(body, dropped | {r})
+            if trial is not None and all(intensity(o) < threshold
+                                         for o in trial.recompute):
+                dropped.add(r)
+        yield frozenset(dropped)
+
+
 def loop_choices(body: LoopBody) -> tuple[LoopChoice, ...]:
     """The Pareto frontier of the choices for ``body``: least recompute first,
     each one needing strictly less memory than the one before. The first stacks
     every residual (no recompute); where every residual can be rebuilt, the last
     stacks only carries. Every subset is tried when at most
     ``EXHAUSTIVE_RESIDUALS`` residuals may be rebuilt; otherwise the greedy
-    sequences down from "stack everything" and up from "rebuild everything", and
-    the keep-the-costliest sequence."""
+    sequences down from "stack everything" and up from "rebuild everything", the
+    keep-the-costliest sequence and the rebuild-through-cheap-ops sequence."""
     free = body.rebuildable
     if len(free) <= EXHAUSTIVE_RESIDUALS:
         sets: Iterable[frozenset[int]] = (
             frozenset(c) for n in range(len(free) + 1)
             for c in itertools.combinations(free, n))
     else:
-        sets = itertools.chain(_greedy(body), _greedy_up(body), _by_producer_cost(body))
+        sets = itertools.chain(_greedy(body), _greedy_up(body), _by_producer_cost(body),
+                               _by_intensity(body))
     found = {}
     for dropped in sets:
         if dropped not in found:

@@ -123,3 +123,9 @@ def test_combine_moves_the_loop_freeing_most_per_flop():
     assert chain[1] == (1, 0)
     with pytest.raises(ValueError, match="lengths"):
         combine([a], [1, 2])
+
+
+def test_docstring_examples():
+    import doctest
+    result = doctest.testmod(loops, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted > 0

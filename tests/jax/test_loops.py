@@ -204,3 +204,10 @@ def test_split_loops_keep_gradients_and_stack_less():
     assert "segments of" in str(plan)
     for got, w in zip(plan.compiled(ws, x), want):
         np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-7)
+
+
+def test_docstring_examples():
+    import doctest
+    from remat._jax import loops
+    result = doctest.testmod(loops, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted > 0
