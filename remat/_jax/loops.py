@@ -26,7 +26,7 @@ Example::
     >>> flat = inline_calls(jax.make_jaxpr(jax.grad(loss))(jnp.ones((4, 8, 8)),
     ...                                                    jnp.ones((2, 8))))
     >>> [(p.forward, p.backward, len(p.positions)) for p in find_loops(flat.jaxpr)]
-    [(0, 4, 6)]
+    [(0, 2, 6)]
 """
 
 from __future__ import annotations
