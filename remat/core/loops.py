@@ -83,7 +83,8 @@ class LoopChoice:
     Attributes:
       kept: residuals still stacked.
       rebuilt: residuals rebuilt in the backward body.
-      carries: carries newly stacked (needed by the rebuild, not residuals yet).
+      carries: values newly stacked for the rebuild (carries, or values the
+        body makes that are not residuals, such as a matmul's output).
       recompute: ops the backward body runs again, in the body's order.
       stacked_bytes: bytes stacked per iteration.
       working_bytes: what the backward body holds besides: the rebuilt residuals,
@@ -104,10 +105,12 @@ class LoopChoice:
         return length * self.stacked_bytes + self.working_bytes
 
 
-def rebuild(body: LoopBody, rebuilt: Iterable[int]) -> LoopChoice | None:
+def rebuild(body: LoopBody, rebuilt: Iterable[int],
+            stackable: Iterable[int] = ()) -> LoopChoice | None:
     """The choice that rebuilds the residuals ``rebuilt`` from the others; None if
     that needs a pinned op. Each value is rebuilt from the nearest values at hand:
-    a kept residual, an input, or a carry (stacked for it)."""
+    a kept residual, an input, or a carry or a value of ``stackable`` (stacked
+    for it, if the rebuild reads it)."""
     graph = body.graph
     asked = set(rebuilt)
     if not asked <= set(body.residuals):
@@ -118,7 +121,7 @@ def rebuild(body: LoopBody, rebuilt: Iterable[int]) -> LoopChoice | None:
         raise ValueError(f"rebuild: carries cannot be rebuilt: {rebuilt}")
     kept = tuple(r for r in body.residuals if r not in rebuilt)
     at_hand = set(kept) | set(graph.inputs)
-    carries = set(body.carries)
+    carries = set(body.carries) | set(stackable)
     ops: set[int] = set()
     needed_carries: set[int] = set()
     stack = list(rebuilt)
@@ -139,7 +142,7 @@ def rebuild(body: LoopBody, rebuilt: Iterable[int]) -> LoopChoice | None:
         ops.add(op)
         stack.extend(graph.ops[op].inputs)
     order = tuple(o for o in graph.topological_order if o in ops)
-    new_carries = tuple(c for c in body.carries if c in needed_carries)
+    new_carries = tuple(sorted(needed_carries))
     between = [graph.values[v].nbytes for o in order for v in graph.ops[o].outputs
                if v not in asked]
     return LoopChoice(
@@ -237,6 +240,24 @@ def _by_intensity(body: LoopBody) -> Iterable[frozenset[int]]:
         yield frozenset(dropped)
 
 
+def _stacking_intense(body: LoopBody) -> Iterable[tuple[frozenset[int], frozenset[int]]]:
+    """``(dropped, stackable)`` pairs: every residual rebuilt, from the outputs of
+    the ops at or above a threshold of arithmetic intensity, stacked where the
+    rebuild reads them (a save-the-matmuls policy, whatever the residuals are)."""
+    graph = body.graph
+
+    def intensity(o):
+        op = graph.ops[o]
+        moved = sum(graph.values[v].nbytes for v in (*op.inputs, *op.outputs))
+        return op.flops / max(moved, 1)
+
+    dropped = frozenset(body.rebuildable)
+    for threshold in sorted({intensity(o) for o in range(graph.num_ops)}):
+        yield dropped, frozenset(v for o in range(graph.num_ops)
+                                 if intensity(o) >= threshold
+                                 for v in graph.ops[o].outputs)
+
+
 def loop_choices(body: LoopBody) -> tuple[LoopChoice, ...]:
     """The Pareto frontier of the choices for ``body``: least recompute first,
     each one needing strictly less memory than the one before. The first stacks
@@ -244,7 +265,9 @@ def loop_choices(body: LoopBody) -> tuple[LoopChoice, ...]:
     stacks only carries. Every subset is tried when at most
     ``EXHAUSTIVE_RESIDUALS`` residuals may be rebuilt; otherwise the greedy
     sequences down from "stack everything" and up from "rebuild everything", the
-    keep-the-costliest sequence and the rebuild-through-cheap-ops sequence."""
+    keep-the-costliest sequence and the rebuild-through-cheap-ops sequence; and
+    always the choices that stack the outputs of the most intense ops (which
+    need not be residuals) and rebuild every residual from them."""
     free = body.rebuildable
     if len(free) <= EXHAUSTIVE_RESIDUALS:
         sets: Iterable[frozenset[int]] = (
@@ -257,6 +280,8 @@ def loop_choices(body: LoopBody) -> tuple[LoopChoice, ...]:
     for dropped in sets:
         if dropped not in found:
             found[dropped] = rebuild(body, dropped)
+    for dropped, stackable in _stacking_intense(body):
+        found[dropped, stackable] = rebuild(body, dropped, stackable)
     return pareto(body.length, [c for c in found.values() if c is not None])
 
 
