@@ -153,7 +153,7 @@ def main() -> None:
         f"alias); FLOPs and step time as ratios to the plain program (median of "
         f"{args.rounds} samples).\n\n"
         "| limit (MiB) | remat.jit footprint | FLOPs | time | met | in the loop | "
-        "planning | same outputs | best hand policy within the limit: footprint | "
+        "plan+compiles | same outputs | best hand policy within the limit: footprint | "
         "FLOPs | time |\n|---|---|---|---|---|---|---|---|---|---|---|\n" +
         "\n".join(lines) + "\n\nHand-written body policies (jax.checkpoint on the "
         "block):\n\n| policy | footprint | FLOPs |\n|---|---|---|\n" + hand_rows + "\n")
