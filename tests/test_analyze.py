@@ -6,7 +6,7 @@ import pytest
 from jax import lax
 
 import remat
-from remat._jax.auto import XlaFootprint
+from remat._jax.xla_figures import XlaFootprint
 
 
 def mlp_loss(ws, x):

@@ -11,10 +11,7 @@ opaque ``remat_p`` equation) and compile it, reading XLA's own footprint
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,135 +20,14 @@ import jax
 from remat._flags import flags_from_env
 from remat._jax.compat import core
 from remat._jax.dumps import dump_plan
+from remat._jax.loop_plan import plan_with_loops
+from remat._jax.plan_record import MemoryLimitError, Plan, _CompiledCall
 from remat._jax.planner import Planner, planner_for
-from remat._jax.program import CallSpec, CallSplit, trace_program
-from remat._jax.xla_figures import XlaFootprint
-from remat.core.algorithms import PlanResult
-from remat.core.dot import to_dot
-from remat.core.graph import Graph
-from remat.core.memlog import format_bytes, memlog
+from remat._jax.program import CallSpec, CallSplit, Program, trace_program
+from remat.core.memlog import format_bytes
 from remat.core.options import PORTFOLIO, RematOptions, resolve_options
 
 __all__ = ["MemoryLimitError", "Plan", "RematJitted", "jit", "plan"]
-
-
-class MemoryLimitError(ValueError):
-    """The memory limit cannot be met by rematerialization.
-
-    Attributes:
-      limit_bytes: the limit asked for.
-      least_bytes: the least footprint reached (a limit of this or more is met);
-        None if the limit was refused by ``bound_bytes`` alone.
-      bound_bytes: no program with these arguments and outputs goes below this.
-    """
-
-    def __init__(self, message: str, limit_bytes: int = 0,
-                 least_bytes: int | None = None, bound_bytes: int = 0):
-        super().__init__(message)
-        self.limit_bytes, self.least_bytes = limit_bytes, least_bytes
-        self.bound_bytes = bound_bytes
-
-
-class _CompiledCall:
-    """A compiled plan, called like the user's function (static and non-array
-    arguments are left out before the call); XLA's ``Compiled`` methods
-    (``cost_analysis``, ``memory_analysis``, ``as_text``) are its own."""
-
-    def __init__(self, compiled, spec: CallSpec):
-        self._compiled, self._spec = compiled, spec
-
-    def __call__(self, *args, **kwargs):
-        return self._compiled(*CallSplit.of(args, kwargs, self._spec).dynamic)
-
-    def __getattr__(self, name):
-        return getattr(self._compiled, name)
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """What the automatic pass decided for one program, and what XLA made of it.
-
-    Attributes:
-      limit_bytes: the footprint asked for (XLA bytes).
-      baseline: XLA's footprint of the program as written.
-      planned: XLA's footprint of the rewritten program.
-      result: the planning result (graph level: regions, simulations).
-      graph: the planning graph of the program as written.
-      jaxpr: the rewritten program (a function of the call's array leaves).
-      plan_seconds: time spent planning and rewriting for this call (not tracing,
-        which ``jax.jit`` does too, nor compiling).
-      out_tree: the structure of the program's outputs.
-      compiled: the compiled rewritten program, called like the function.
-      small_node_bytes: the small-node limit its plan was made with (the default
-        is lowered where the values it keeps would put a target out of reach).
-      algorithm: the algorithm (and order) that planned it; ``"plain"``: nothing
-        needed recomputing.
-      compile_seconds: time spent in XLA's compiles for this call (the plain
-        program's included on a program's first call).
-      compiles: plans compiled for this call (cached ones not counted).
-    """
-    limit_bytes: int
-    baseline: XlaFootprint
-    planned: XlaFootprint
-    result: PlanResult
-    graph: Graph
-    jaxpr: core.ClosedJaxpr
-    plan_seconds: float
-    out_tree: Any = dataclasses.field(repr=False, default=None)
-    compiled: Any = dataclasses.field(repr=False, default=None)
-    small_node_bytes: int = 0
-    algorithm: str = ""
-    compile_seconds: float = 0.0
-    compiles: int = 0
-
-    @property
-    def met(self) -> bool:
-        return self.planned.total <= self.limit_bytes
-
-    @property
-    def extra_flops(self) -> float:
-        """FLOPs of the recomputations (our estimate)."""
-        return self.result.extra_flops
-
-    @property
-    def recomputed(self) -> list[str]:
-        """One line per recomputed op: its label and source line."""
-        g = self.graph
-        return [f"{g.ops[o].label} from {g.ops[o].source or 'unknown source'}"
-                for r in self.result.regions for o in r.recompute]
-
-    def memlog(self) -> str:
-        """The memory log of the rewritten program, with the remat decisions."""
-        rw = self.result.rewritten
-        decisions = {o: ("recompute" if rw.is_copy[o] else
-                         f"region {rw.region[o]}" if rw.region[o] >= 0 else "")
-                     for o in range(len(rw.origin))}
-        return memlog(rw.graph, self.result.timeline, decisions)
-
-    def to_dot(self, after: bool = True) -> str:
-        """DOT of the program after (default) or before the rewrite; recomputed ops
-        are highlighted."""
-        rw = self.result.rewritten
-        if not after:
-            return to_dot(self.graph, self.result.baseline)
-        return to_dot(rw.graph, self.result.timeline,
-                      frozenset(o for o, c in enumerate(rw.is_copy) if c))
-
-    def plot(self, path: str | os.PathLike) -> None:
-        """A PNG of live bytes per step, before and after, with the limit."""
-        from remat.core.plot import plot_timeline   # matplotlib is imported lazily
-        rw = self.result.rewritten
-        plot_timeline(rw.graph, self.result.timeline, path,
-                      title="after rematerialization", limit_bytes=self.limit_bytes,
-                      recomputed=frozenset(o for o, c in enumerate(rw.is_copy) if c))
-
-    def __str__(self) -> str:
-        return (f"remat plan: limit {format_bytes(self.limit_bytes)}, XLA footprint "
-                f"{format_bytes(self.baseline.total)} -> {format_bytes(self.planned.total)}"
-                f" ({'met' if self.met else 'NOT met'}) by {self.algorithm}, "
-                f"{len(self.result.regions)} region(s), {len(self.recomputed)} "
-                f"recomputed op(s), +{self.extra_flops / 1e9:.2f} GFLOP, planned in "
-                f"{self.plan_seconds:.2f} s")
 
 
 def plan_program(fun: Callable, args: tuple, kwargs: dict, options: RematOptions,
@@ -159,6 +35,11 @@ def plan_program(fun: Callable, args: tuple, kwargs: dict, options: RematOptions
     """Traces ``fun(*args, **kwargs)``, searches, and returns the plan for
     ``options.memory_limit``; raises :class:`MemoryLimitError` if none is within it."""
     program, _ = trace_program(fun, args, kwargs, spec, jit_kwargs)
+    return plan_with_loops(program, options, lambda p, o: _plan_traced(p, o, spec))
+
+
+def _plan_traced(program: Program, options: RematOptions, spec: CallSpec) -> Plan:
+    """The flat search's plan of a traced program for ``options.memory_limit``."""
     planner = planner_for(program, options)
     seconds, compiling = planner.plan_seconds, planner.compile_seconds
     compiles = planner.frontier.compiles

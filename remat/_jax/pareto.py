@@ -17,7 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from remat._jax.auto import MemoryLimitError, XlaFootprint, jit
+from remat._jax.auto import MemoryLimitError, jit
+from remat._jax.xla_figures import XlaFootprint
 
 _MIB = 2 ** 20
 

@@ -224,6 +224,13 @@ class Program:
     key: Any
     in_shardings: tuple = ()
 
+    def rewritten(self, closed: core.ClosedJaxpr, tag: Any) -> "Program":
+        """This program with ``closed`` (a rewrite of ``flat`` with the same inputs
+        and outputs) as its flat program; ``tag`` names the rewrite in the key."""
+        return dataclasses.replace(self, flat=closed, graph=_graph_of(closed, self.specs,
+                                                                      self.in_shardings),
+                                   key=(self.key, tag))
+
     def function(self, closed: core.ClosedJaxpr) -> Callable:
         """``closed`` (a rewrite of ``flat``) as a jitted function of the dynamic
         leaves, returning the original output structure."""
@@ -255,11 +262,7 @@ def trace_program(fun: Callable, args: tuple, kwargs: dict, spec: CallSpec,
 
     closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*split.dynamic)
     flat = split_shard_maps(inline_calls(closed))
-    graph = jaxpr_to_graph(flat, value_bytes=program_sizes(
-        flat.jaxpr, split.dynamic, {}, {"in_shardings": split.shardings}))
-    if [op.label for op in graph.ops] != [e.primitive.name for e in flat.jaxpr.eqns]:
-        raise AssertionError("remat internal error: the planning graph does not match "
-                             "the flattened program equation for equation.")
+    graph = _graph_of(flat, split.dynamic, split.shardings)
     key = (str(flat.jaxpr), _digest(flat.consts), split.key,
            tuple(sorted((k, repr(v)) for k, v in jit_kwargs.items())),
            jax.default_backend())
@@ -267,6 +270,18 @@ def trace_program(fun: Callable, args: tuple, kwargs: dict, spec: CallSpec,
                       tuple(_spec(x, s) for x, s in zip(split.dynamic, split.shardings)),
                       split.donated, dict(jit_kwargs), key, split.shardings)
     return program, split
+
+
+def _graph_of(flat: core.ClosedJaxpr, inputs: tuple, shardings: tuple) -> Graph:
+    """The planning graph of ``flat`` (op ``i`` is equation ``i``), its values
+    sized by the shard one device holds, from the ``inputs``' shardings (or
+    ``shardings``, where given) on."""
+    graph = jaxpr_to_graph(flat, value_bytes=program_sizes(
+        flat.jaxpr, inputs, {}, {"in_shardings": shardings}))
+    if [op.label for op in graph.ops] != [e.primitive.name for e in flat.jaxpr.eqns]:
+        raise AssertionError("remat internal error: the planning graph does not match "
+                             "the flattened program equation for equation.")
+    return graph
 
 
 def _spec(x, given=None) -> jax.ShapeDtypeStruct:

@@ -1,0 +1,255 @@
+"""The automatic pass on programs with differentiated loops.
+
+Loops and the flat program around them are planned against one limit. Each
+loop's choices (:func:`remat.core.loops.loop_choices`, what it stacks per
+iteration) are merged into one sequence over all loops
+(:func:`remat.core.loops.combine`), from no recompute up; each is applied to the
+program (:func:`remat._jax.loops.rewrite_loops`) and read in XLA's figures. The
+cheapest choice whose program XLA reads within the limit is taken; when none is,
+the one that stacks the least. The flat search (``planner.py``) then plans the rewritten
+program against the same limit in bytes, so it recomputes outside the loops only
+what the loop choice leaves over the limit. A program without such loops goes to
+the flat search unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from remat._jax.compat import core
+from remat._jax.compat_graph import source_line
+from remat._jax.dumps import dump_plan
+from remat._jax.plan_record import MemoryLimitError, Plan
+from remat._jax.program import Program
+from remat._jax.xla_figures import XlaFootprint
+from remat._jax.loop_split import segment_sizes, split_loops
+from remat._jax.loops import BodyMap, LoopPair, find_loops, loop_body, rewrite_loops
+from remat.core.loops import LoopChoice, combine, loop_choices
+from remat.core.memlog import format_bytes
+from remat.core.options import RematOptions
+
+__all__ = ["LoopDecision", "LoopPlan", "plan_with_loops"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopDecision:
+    """What the plan does to one differentiated loop.
+
+    Attributes:
+      source: the user source line of the forward loop.
+      length: its trip count.
+      stacked: the values stacked per iteration (shape and producing op).
+      rebuilt: the values the backward loop rebuilds per iteration instead.
+      recomputed: the ops it runs again per iteration.
+      extra_flops: FLOPs run again, over all iterations.
+      stacked_bytes: bytes stacked, over all iterations (unsplit).
+      split: the segment size if the loop runs in segments (its forward
+        iterations then run twice; ``extra_flops`` counts it), else None.
+    """
+    source: str
+    length: int
+    stacked: tuple[str, ...]
+    rebuilt: tuple[str, ...]
+    recomputed: tuple[str, ...]
+    extra_flops: float
+    stacked_bytes: int
+    split: int | None = None
+
+    def __str__(self) -> str:
+        kept = ", ".join(self.stacked) or "nothing"
+        text = (f"loop at {self.source} ({self.length} iterations): stacks {kept} "
+                f"({format_bytes(self.stacked_bytes)})")
+        if self.rebuilt:
+            text += (f"; rebuilds {', '.join(self.rebuilt)} by running "
+                     f"{len(self.recomputed)} op(s) again per iteration")
+        if self.split:
+            text += (f"; split into {self.length // self.split} segments of "
+                     f"{self.split}, keeping the carry at each segment's start and "
+                     "running each segment's forward iterations again")
+        if not self.rebuilt and not self.split:
+            return text + ", as written"
+        return text + f" (+{self.extra_flops / 1e9:.2f} GFLOP)"
+
+
+def _describe(pair: LoopPair, bmap: BodyMap, choice: LoopChoice,
+              jaxpr: core.Jaxpr, split: int | None) -> LoopDecision:
+    graph = bmap.body.graph
+
+    def name(v):
+        value = graph.values[v]
+        made = "carry" if v in bmap.body.carries else (
+            "input" if value.producer is None else graph.ops[value.producer].label)
+        return f"{value.shape} ({made})"
+
+    stacked = [*choice.kept, *choice.carries]
+    return LoopDecision(
+        source_line(jaxpr.eqns[pair.forward]) or "unknown source", bmap.body.length,
+        tuple(name(v) for v in stacked), tuple(name(v) for v in choice.rebuilt),
+        tuple(f"{graph.ops[o].label} from {graph.ops[o].source or 'unknown source'}"
+              for o in choice.recompute),
+        (choice.flops + (sum(op.flops for op in graph.ops) if split else 0)) *
+        bmap.body.length, choice.stacked_bytes * bmap.body.length, split)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopPlan(Plan):
+    """A :class:`remat.jit` plan of a program with differentiated loops: the flat
+    plan of the program as the loop choice rewrote it (``graph``, ``result`` and
+    ``jaxpr`` are that program's), and ``loops``, one decision per loop.
+    ``baseline`` is the program as written."""
+    loops: tuple[LoopDecision, ...] = ()
+
+    @property
+    def extra_flops(self) -> float:
+        return self.result.extra_flops + sum(d.extra_flops for d in self.loops)
+
+    @property
+    def recomputed(self) -> list[str]:
+        return [*(f"{line} (in the backward loop of {d.source})"
+                  for d in self.loops for line in d.recomputed), *super().recomputed]
+
+    def __str__(self) -> str:
+        return "\n".join([super().__str__(), *(f"  {d}" for d in self.loops)])
+
+
+def plan_with_loops(program: Program, options: RematOptions,
+                    plan_flat: Callable[[Program, RematOptions], Plan]) -> Plan:
+    """``plan_flat(program, options)`` (the flat search), after choosing what
+    each differentiated loop of ``program`` stacks."""
+    flat = program.flat
+    pairs = find_loops(flat.jaxpr)
+    if not pairs:
+        return plan_flat(program, options)
+    start = time.perf_counter()
+    maps = [loop_body(flat.jaxpr, p) for p in pairs]
+    frontiers = [loop_choices(m.body) for m in maps]
+    chain = combine(frontiers, [m.body.length for m in maps])
+    planning = time.perf_counter() - start
+
+    def rewritten(k: int) -> core.ClosedJaxpr:
+        choices = [front[i] for front, i in zip(frontiers, chain[k])]
+        return core.ClosedJaxpr(rewrite_loops(flat.jaxpr, pairs, maps, choices),
+                                flat.consts)
+
+    def footprint_of(closed: core.ClosedJaxpr) -> int:
+        return XlaFootprint.of(program.compile(closed)).total
+
+    footprints: dict[int, int] = {}
+
+    def footprint(k: int) -> int:
+        if k not in footprints:
+            footprints[k] = footprint_of(rewritten(k))
+        return footprints[k]
+
+    baseline = XlaFootprint.of(program.compile(flat))
+    limit = baseline.limit_bytes(options.memory_limit)
+    footprints[0] = baseline.total
+    # The model's footprint of each choice: the plain one, less the bytes no
+    # longer stacked, plus the rebuilt values the backward loops hold.
+    memory = [sum(front[i].memory(m.body.length)
+                  for front, i, m in zip(frontiers, c, maps)) for c in chain]
+    chosen = _cheapest_within(footprint, [baseline.total - memory[0] + m for m in memory],
+                              limit)
+    best, size, reached = rewritten(chosen), None, footprint(chosen)
+    if reached > limit:
+        reached, best, chosen, size = _split(rewritten, reached, chosen, pairs, limit,
+                                             footprint_of)
+    t = time.perf_counter()
+    decisions = tuple(_describe(p, m, front[i], flat.jaxpr, size and size[n])
+                      for n, (p, m, front, i) in enumerate(
+                          zip(pairs, maps, frontiers, chain[chosen])))
+    planning += time.perf_counter() - t
+    at_bytes = dataclasses.replace(options, memory_limit=limit)
+    try:
+        flat_plan = plan_flat(program.rewritten(best, ("loops", chosen, size)), at_bytes)
+    except MemoryLimitError as e:
+        raise MemoryLimitError(
+            f"remat: with its {len(pairs)} differentiated loop(s) planned for the least "
+            f"footprint found ({'; '.join(map(str, decisions))}), the program's is "
+            f"{format_bytes(reached)} (plain: {format_bytes(baseline.total)})."
+            f" Planning the rest: {e}", e.limit_bytes, e.least_bytes,
+            e.bound_bytes) from e
+    fields = {f.name: getattr(flat_plan, f.name) for f in dataclasses.fields(Plan)}
+    fields.update(baseline=baseline, loops=decisions,
+                  plan_seconds=flat_plan.plan_seconds + planning)
+    plan = LoopPlan(**fields)
+    dump_plan(plan, options)
+    return plan
+
+
+#: Segment sizes tried per loop when no choice alone meets the limit.
+_SPLIT_SIZES = 2
+
+
+def _split(program, unsplit: int, last: int, pairs, limit: int, footprint_of):
+    """``(footprint, program, choice, sizes)``: the loops run in segments (sizes nearest the
+    square root of their lengths first), on the program as written, then on the
+    choice ``last`` (the least stacked): the first XLA reads within ``limit``,
+    else the lowest it reads, the unsplit ``program(last)`` (footprint
+    ``unsplit``) included."""
+    best = (unsplit, program(last), last, None)
+    for k in dict.fromkeys((0, last)):
+        closed = program(k)
+        # The rewrite keeps equation positions: the pairs are found where they were.
+        found = {(p.forward, p.backward): p for p in find_loops(closed.jaxpr)}
+        now = [found.get((p.forward, p.backward)) for p in pairs]
+        if None in now:
+            continue
+        for rank in range(_SPLIT_SIZES):
+            sizes = [segment_sizes(p_len) for p_len in
+                     (closed.jaxpr.eqns[p.forward].params["length"] for p in now)]
+            pick = [s[min(rank, len(s) - 1)] if s else None for s in sizes]
+            if all(x is None for x in pick):
+                break
+            split = split_loops(closed, {p: x for p, x in zip(now, pick) if x})
+            total = footprint_of(split)
+            if total < best[0]:
+                best = (total, split, k, tuple(pick))
+            if total <= limit:
+                return best
+    return best
+
+
+def _cheapest_within(footprint: Callable[[int], int], predicted: list[int],
+                     limit: int) -> int:
+    """The first choice whose footprint is within ``limit`` (memory falls along
+    the choices; choice 0 is the program as written), or the last if none is.
+
+    XLA's figure is read first at the first choice the model (``predicted``)
+    puts within the limit, then at the one it puts there once its savings are
+    scaled to XLA's at that first read (XLA frees more or less than the model
+    says, by a steady factor); from there, in steps doubling away, until XLA's
+    figure crosses the limit, and then by bisection.
+    """
+    last = len(predicted) - 1
+    base = footprint(0)
+    if base <= limit:
+        return 0
+    read = {0: base}
+
+    def pick(scale: float) -> int:
+        return next((i for i, m in enumerate(predicted)
+                     if base - scale * (predicted[0] - m) <= limit), last)
+
+    k = pick(1.0)
+    read[k] = footprint(k)
+    if predicted[0] > predicted[k] and base > read[k]:
+        k = pick((base - read[k]) / (predicted[0] - predicted[k]))
+        read[k] = footprint(k)
+    met = [i for i, f in read.items() if f <= limit]
+    if met:
+        hi = min(met)
+        lo = max(i for i, f in read.items() if f > limit and i < hi)
+    else:
+        lo, step = max(read), 1
+        while lo < last and footprint(min(lo + step, last)) > limit:
+            lo, step = min(lo + step, last), 2 * step
+        if lo == last:
+            return last
+        hi = min(lo + step, last)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if footprint(mid) <= limit else (mid, hi)
+    return hi

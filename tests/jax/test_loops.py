@@ -1,0 +1,217 @@
+"""Planning inside differentiated loops: limits met in XLA's figures, gradients
+unchanged, programs without loops planned as before."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import remat
+from remat._jax import auto
+from remat._jax.planner import forget_planners
+from remat._jax.program import CallSpec, trace_program
+from remat._jax.compat import core
+from remat._jax.inline import inline_calls
+from remat._jax.loop_plan import LoopPlan, _cheapest_within
+from remat._jax.loop_split import segment_sizes, split_loops
+from remat._jax.loops import find_loops, loop_body, rewrite_loops
+from remat.core.loops import loop_choices
+
+LAYERS, BATCH, WIDTH = 8, 256, 128
+
+
+def _footprint(compiled):
+    m = compiled.memory_analysis()
+    return (m.argument_size_in_bytes + m.output_size_in_bytes +
+            m.temp_size_in_bytes - m.alias_size_in_bytes)
+
+
+def _mlp_loss(ws, x):
+    def body(c, w):
+        return jnp.tanh(jnp.tanh(c @ w) @ w.T) + c, None
+    return jnp.mean(jax.lax.scan(body, x, ws)[0] ** 2)
+
+
+def _mlp_inputs(seed):
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    return (jax.random.normal(k1, (LAYERS, WIDTH, WIDTH)) / np.sqrt(WIDTH),
+            jax.random.normal(k2, (BATCH, WIDTH)))
+
+
+SEQ, HEADS = 32, 4
+
+
+def _block(x, p):
+    def norm(h):
+        m = h.mean(-1, keepdims=True)
+        return (h - m) * jax.lax.rsqrt(((h - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+    b, s, d = x.shape
+    split = lambda t: t.reshape(b, s, HEADS, d // HEADS)
+    h = norm(x)
+    q, k, v = split(h @ p["wq"]), split(h @ p["wk"]), split(h @ p["wv"])
+    a = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d // HEADS), -1)
+    x = x + jnp.einsum("bhqk,bkhd->bqhd", a, v).reshape(b, s, d) @ p["wo"]
+    return x + jax.nn.gelu(norm(x) @ p["w1"]) @ p["w2"], None
+
+
+def _transformer_loss(params, x):
+    return jnp.mean(jax.lax.scan(_block, x, params)[0] ** 2)
+
+
+def _transformer_inputs(seed, layers=4, batch=4, width=64):
+    keys = jax.random.split(jax.random.key(seed), 7)
+    shapes = {"wq": (width, width), "wk": (width, width), "wv": (width, width),
+              "wo": (width, width), "w1": (width, 4 * width), "w2": (4 * width, width)}
+    params = {n: jax.random.normal(k, (layers, *s)) / np.sqrt(s[0])
+              for k, (n, s) in zip(keys, shapes.items())}
+    return params, jax.random.normal(keys[-1], (batch, SEQ, width))
+
+
+def _check(fun, args, fraction):
+    """remat.jit of ``fun`` at ``fraction`` of its temporaries: met in XLA's
+    figure of a fresh compile, outputs equal the plain program's."""
+    plain = jax.jit(fun).lower(*args).compile()
+    step = remat.jit(fun, memory_limit=fraction)
+    plan = step.plan_for(*args)
+    assert isinstance(plan, LoopPlan) and plan.met
+    assert any(d.rebuilt for d in plan.loops)
+    assert _footprint(step.lower(*args).compile()) <= plan.limit_bytes < _footprint(plain)
+    for got, want in zip(jax.tree.leaves(step(*args)), jax.tree.leaves(plain(*args))):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    return plan
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.3])
+def test_scanned_mlp(fraction):
+    plan = _check(jax.value_and_grad(_mlp_loss), _mlp_inputs(1), fraction)
+    text = str(plan)
+    assert "loop at" in text and f"({LAYERS} iterations)" in text and "rebuilds" in text
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.3])
+def test_scanned_transformer(fraction):
+    _check(jax.value_and_grad(_transformer_loss), _transformer_inputs(2), fraction)
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.3])
+def test_train_step_with_optax(fraction):
+    ws, x = _mlp_inputs(3)
+    opt = optax.adam(1e-3)
+
+    def train_step(ws, state, x):
+        loss, grads = jax.value_and_grad(_mlp_loss)(ws, x)
+        updates, state = opt.update(grads, state, ws)
+        return optax.apply_updates(ws, updates), state, loss
+
+    _check(train_step, (ws, opt.init(ws), x), fraction)
+
+
+def test_fori_loop_with_static_bounds():
+    w, x = _mlp_inputs(4)
+
+    def loss(w, x):
+        step = lambda i, c: jnp.tanh(jnp.tanh(c @ w[0]) @ w[1]) * (1.0 + 0.01 * i)
+        return jnp.sum(jax.lax.fori_loop(0, LAYERS, step, x) ** 2)
+
+    _check(jax.grad(loss), (w, x), 0.5)
+
+
+def test_every_choice_gives_the_plain_gradient():
+    ws, x = _mlp_inputs(5)
+    flat = inline_calls(jax.make_jaxpr(jax.grad(_mlp_loss, argnums=(0, 1)))(ws, x))
+    pairs = find_loops(flat.jaxpr)
+    assert len(pairs) == 1 and len(pairs[0].positions) == 6
+    bmap = loop_body(flat.jaxpr, pairs[0])
+    front = loop_choices(bmap.body)
+    want = core.jaxpr_as_fun(flat)(ws, x)
+    sizes = []
+    for choice in front:
+        closed = core.ClosedJaxpr(rewrite_loops(flat.jaxpr, pairs, [bmap], [choice]),
+                                  flat.consts)
+        compiled = jax.jit(core.jaxpr_as_fun(closed)).lower(ws, x).compile()
+        sizes.append(_footprint(compiled))
+        for got, w in zip(compiled(ws, x), want):
+            np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-7)
+    # What the model frees, XLA frees too: memory falls along the frontier.
+    assert all(a > b for a, b in zip(sizes, sizes[1:]))
+    assert sizes[0] - sizes[-1] >= LAYERS * 4 * BATCH * WIDTH * 4
+
+
+def test_programs_without_loops_plan_as_before():
+    ws = [jnp.eye(128) * 0.9] * 8
+    x = jnp.ones((512, 128))
+
+    def loss(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x ** 2)
+
+    options = auto._options(dict(memory_limit=0.7))
+    program, _ = trace_program(jax.grad(loss), (ws, x), {}, CallSpec(), {})
+    flat = auto._plan_traced(program, options, CallSpec())
+    forget_planners()       # the plan below searches afresh
+    plan = remat.plan(jax.grad(loss), ws, x, memory_limit=0.7)
+    assert type(plan) is auto.Plan
+    assert plan.result.regions == flat.result.regions
+    assert plan.planned.total == flat.planned.total
+
+
+def test_unreachable_limit_names_the_loops():
+    ws, x = _mlp_inputs(6)
+    with pytest.raises(remat.MemoryLimitError, match="differentiated loop"):
+        remat.plan(jax.grad(_mlp_loss), ws, x, memory_limit=0.01)
+
+
+@pytest.mark.parametrize("first_met", range(10))
+@pytest.mark.parametrize("model_pick", [0, 3, 9])
+def test_cheapest_within_finds_the_first_met_choice(first_met, model_pick):
+    read = []
+
+    def footprint(k):
+        read.append(k)
+        return 100 - k if k >= first_met else 200
+
+    predicted = [1000] * model_pick + [0] * (10 - model_pick)
+    assert _cheapest_within(footprint, predicted, 100 - first_met) == first_met
+    assert len(set(read)) <= 9
+    assert _cheapest_within(footprint, predicted, 0) == 9     # none met: the last
+
+
+def test_split_loops_keep_gradients_and_stack_less():
+    ws, x = _mlp_inputs(7)
+    ws = jnp.concatenate([ws, ws[::-1]])                    # 16 iterations
+    flat = inline_calls(jax.make_jaxpr(jax.grad(_mlp_loss, argnums=(0, 1)))(ws, x))
+    pairs = find_loops(flat.jaxpr)
+    bmap = loop_body(flat.jaxpr, pairs[0])
+    carry_only = core.ClosedJaxpr(rewrite_loops(
+        flat.jaxpr, pairs, [bmap], [loop_choices(bmap.body)[-1]]), flat.consts)
+    assert segment_sizes(16) == [4, 2, 8] and segment_sizes(7) == []
+    want = core.jaxpr_as_fun(flat)(ws, x)
+    sizes = {}
+    for name, closed in [("as written", flat), ("carry only", carry_only)]:
+        for size in (None, 4):
+            if size:
+                closed = split_loops(closed, {find_loops(closed.jaxpr)[0]: size})
+            compiled = jax.jit(core.jaxpr_as_fun(closed)).lower(ws, x).compile()
+            sizes[name, size] = _footprint(compiled)
+            for got, w in zip(compiled(ws, x), want):
+                np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-7)
+    assert sizes["as written", 4] < sizes["as written", None]
+    assert sizes["carry only", 4] < sizes["carry only", None]
+    with pytest.raises(ValueError, match="size must divide"):
+        split_loops(flat, {pairs[0]: 3})
+    # Below what any choice stacking per iteration reaches: the pass splits.
+    grad = jax.grad(_mlp_loss, argnums=(0, 1))
+    plan = remat.plan(grad, ws, x, memory_limit=sizes["carry only", None] - 1)
+    assert plan.met and plan.loops[0].split in segment_sizes(16)
+    assert "segments of" in str(plan)
+    for got, w in zip(plan.compiled(ws, x), want):
+        np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-7)
+
+
+def test_docstring_examples():
+    import doctest
+    from remat._jax import loops
+    result = doctest.testmod(loops, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted > 0
