@@ -44,7 +44,7 @@ else:
             raise ImportError(
                 f"remat.{name} needs JAX, which cannot be imported here "
                 f"({_JAX_IMPORT_ERROR}). Install a supported release with "
-                "`pip install 'jax>=0.10.2,<0.12'` (installing remat with pip does "
+                "`pip install 'jax>=0.10.2,<0.11'` (installing remat with pip does "
                 "it too); the planning core, remat.core, works without it.")
         raise AttributeError(f"module 'remat' has no attribute {name!r}")
 

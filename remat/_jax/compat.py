@@ -1,6 +1,6 @@
 """Every use of JAX internals (``jax._src``) by the checkpoint adapter, in one place.
 
-remat runs on jax 0.10.2 and later releases below 0.12 (pyproject.toml's range).
+remat runs on jax 0.10.2 and later 0.10 releases (pyproject.toml's range).
 0.10.2 is the floor: earlier releases name an effect's input by position only
 (``JaxprInputEffect.input_index``) and lack ``core.positional_effects``,
 ``core.eqn_effects(jaxpr, invars)`` and ``mlir.ir_tree_registry``, which the
