@@ -210,8 +210,9 @@ class _Builder:
         act_name = self.pick(list(_ACTIVATIONS))
         act, dtype = _ACTIVATIONS[act_name], self.dtype()
         params = {"up": self.normal((width, hidden), width),
-                  "down": self.normal((hidden, width), 2 * hidden),
-                  "ln": jnp.ones((width,), jnp.float32)}
+                  "down": self.normal((hidden, width), 2 * hidden)}
+        if norm:    # every parameter is used: no gradient is zero by construction
+            params["ln"] = jnp.ones((width,), jnp.float32)
 
         def fn(p, h):
             z = _layer_norm(h, p["ln"]) if norm else h
