@@ -145,12 +145,13 @@ class Row:
             return 1.0 if mine[0].extra_flops <= 0 else float("inf")
         return mine[0].extra_flops / o.extra_flops
 
-    def time_ratios(self) -> tuple[float, float]:
-        """Median plan_seconds and median remat.plan wall time, over one compile."""
+    def time_ratios(self) -> tuple[float | None, float]:
+        """Median plan_seconds (None when every limit was refused: a refusal has no
+        Plan) and median remat.plan wall time, each over one plain compile."""
         plans = [a.plan_seconds for a in self.attempts if a.plan_seconds is not None]
         walls = [a.wall_seconds for a in self.attempts]
-        plan = statistics.median(plans) if plans else float("nan")
-        return plan / self.compile_seconds, statistics.median(walls) / self.compile_seconds
+        plan = statistics.median(plans) / self.compile_seconds if plans else None
+        return plan, statistics.median(walls) / self.compile_seconds
 
 
 def measure(program: Program, fractions, with_optimal: bool) -> Row:
@@ -191,7 +192,7 @@ def summary(rows: list[Row]) -> str:
     hand = [a for r in rows for a in r.hand_attempts]
     monotone = sum(not r.violations for r in rows)
     ratios = [x for r in rows if (x := r.optimal_ratio) is not None]
-    plan_ratio = [r.time_ratios()[0] for r in rows]
+    plan_ratio = [x for r in rows if (x := r.time_ratios()[0]) is not None]
     wall_ratio = [r.time_ratios()[1] for r in rows]
     least = [r.least / r.plain for r in rows if r.least is not None]
     text = (f"{len(rows)} programs: hand limits met {sum(a.met for a in hand)}/"
@@ -201,8 +202,10 @@ def summary(rows: list[Row]) -> str:
     if ratios:
         text += (f", extra FLOPs vs optimal median {statistics.median(ratios):.2f}x, "
                  f"max {max(ratios):.2f}x ({len(ratios)} solved)")
-    return text + (f", planning / compile median {statistics.median(plan_ratio):.2f}x "
-                   f"(max {max(plan_ratio):.2f}x), whole plan call / compile median "
+    if plan_ratio:
+        text += (f", planning / compile median {statistics.median(plan_ratio):.2f}x "
+                 f"(max {max(plan_ratio):.2f}x)")
+    return text + (f", whole plan call / compile median "
                    f"{statistics.median(wall_ratio):.2f}x (max {max(wall_ratio):.2f}x)")
 
 
@@ -223,7 +226,8 @@ def table(rows: list[Row], fractions) -> str:
             f"{' / '.join(_mib(r.hand[k]) for k in SEGMENTS)} | "
             f"{sum(a.met for a in hand)}/{len(hand)} | {_mib(r.least)} | "
             + " | ".join(sweep) + f" | {'yes' if not r.violations else 'NO'} | "
-            f"{'-' if ratio is None else f'{ratio:.2f}x'} | {plan_ratio:.2f} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | "
+            f"{'-' if plan_ratio is None else f'{plan_ratio:.2f}'} | "
             f"{wall_ratio:.2f} |")
     return "\n".join(lines)
 
