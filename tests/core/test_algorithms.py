@@ -131,7 +131,8 @@ def test_reused_chains_give_the_plans_fresh_ones_give(seed, name, monkeypatch):
     # and a drop's answer until a drop reads the value or its chain is
     # forgotten; working every chain and drop out afresh must choose the same
     # regions.
-    from remat.core.algorithms import greedy
+    from remat.core.algorithms import sweep
+    from remat.core.algorithms.cost import op_cost
     from .random_graphs import random_dag
     g = random_dag(seed, num_ops=60)
     order = tuple(range(g.num_ops))
@@ -140,11 +141,11 @@ def test_reused_chains_give_the_plans_fresh_ones_give(seed, name, monkeypatch):
 
     def afresh(self, key):
         chain = self._find(*key)[0]
-        return chain, sum(greedy.op_cost(self.est.graph, o) for o in chain or ())
+        return chain, sum(op_cost(self.est.graph, o) for o in chain or ())
 
     def drop_afresh(est, v, peak, depth, chains):
-        return greedy._work_out_drop(est, v, peak, depth, chains,
-                                     est.readers.get(v, ()))[2]
+        return sweep._work_out_drop(est, v, peak, depth, chains,
+                                    est.readers.get(v, ()))[2]
 
     for fraction in (0.6, 0.3):
         options = RematOptions(int(fixed + fraction * (tl.peak_bytes - fixed)), name,
@@ -152,8 +153,8 @@ def test_reused_chains_give_the_plans_fresh_ones_give(seed, name, monkeypatch):
         reused = get_algorithm(name)(g, order, options)
         g.__dict__.pop("_trajectories", None)   # sweep again, not replay
         with monkeypatch.context() as m:
-            m.setattr(greedy._Chains, "get", afresh)
-            m.setattr(greedy, "_drop_for", drop_afresh)
+            m.setattr(sweep._Chains, "get", afresh)
+            m.setattr(sweep, "_drop_for", drop_afresh)
             fresh = get_algorithm(name)(g, order, options)
         assert reused.regions == fresh.regions
         assert reused.timeline.peak_bytes == fresh.timeline.peak_bytes
@@ -214,13 +215,13 @@ def test_only_plans_that_can_still_win_are_consolidated(name, monkeypatch):
     # cheapest consolidated one; the plan is the one consolidating both gives,
     # and some consolidations are left out. (Seeds 22, 44 and 97: the plan whose
     # recomputed ops cost least is not the cheapest once consolidated.)
-    from remat.core.algorithms import greedy
+    from remat.core.algorithms import greedy, result
     from remat.core.algorithms.compress import COMPRESS
     from remat.core.algorithms.standard import STANDARD, STANDARD_WIDE
     from .random_graphs import random_dag
     calls = []
-    real = greedy.consolidated
-    monkeypatch.setattr(greedy, "consolidated", lambda *a: calls.append(1) or real(*a))
+    real = result.consolidated
+    monkeypatch.setattr(result, "consolidated", lambda *a: calls.append(1) or real(*a))
     first = [COMPRESS] if name == "standardcompress" else []
     left_out = 0
     for seed in (*range(8), 22, 44, 97):
@@ -237,7 +238,7 @@ def test_only_plans_that_can_still_win_are_consolidated(name, monkeypatch):
             each = [greedy.run_greedy(g, order, options, first + [start],
                                       keep=greedy.give_back)
                     for start in (STANDARD, STANDARD_WIDE)]
-            want = greedy.best_of(each)
+            want = result.best_of(each)
             assert got.regions == want.regions and got.extra_flops == want.extra_flops
             left_out += done < sum(r.met for r in each)
     assert left_out >= 3

@@ -3,7 +3,7 @@
 import pytest
 
 from remat.core.algorithms import ALGORITHMS, PlanResult, get_algorithm
-from remat.core.algorithms.optimal import candidates
+from remat.core.algorithms.optimal_candidates import candidates
 from remat.core.graph import GraphBuilder
 from remat.core.options import RematOptions
 from remat.core.simulate import check_schedule, simulate

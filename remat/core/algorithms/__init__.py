@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 from ..graph import Graph
 from ..options import RematOptions
 from .compress import is_expansion, plan_compress
-from .greedy import PlanResult, consolidated
 from .optimal import plan_optimal
 from .path import plan_path
 from .recomputable import recomputable
+from .result import PlanResult, consolidated
 from .standard import plan_standard
 from .standardcompress import plan_standardcompress
 

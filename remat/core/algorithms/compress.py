@@ -14,8 +14,10 @@ from typing import Sequence
 
 from ..graph import Graph
 from ..options import RematOptions
-from .greedy import PlanResult, Strategy, run_greedy
+from .greedy import run_greedy
 from .recomputable import recomputable
+from .result import PlanResult
+from .sweep import Strategy
 
 __all__ = ["plan_compress", "is_expansion", "COMPRESS"]
 

@@ -17,8 +17,10 @@ from typing import Sequence
 
 from ..graph import Graph
 from ..options import RematOptions
-from .greedy import PlanResult, Strategy, give_back, run_greedy
+from .greedy import give_back, run_greedy
 from .recomputable import recomputable
+from .result import PlanResult
+from .sweep import Strategy
 
 __all__ = ["plan_path"]
 

@@ -21,8 +21,10 @@ from typing import Sequence
 
 from ..graph import Graph
 from ..options import RematOptions
-from .greedy import PlanResult, Strategy, cheapest_consolidated, give_back, run_greedy
+from .greedy import give_back, run_greedy
 from .recomputable import recomputable
+from .result import PlanResult, cheapest_consolidated
+from .sweep import Strategy
 
 __all__ = ["plan_standard", "STANDARD"]
 

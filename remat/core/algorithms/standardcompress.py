@@ -7,7 +7,8 @@ from typing import Sequence
 from ..graph import Graph
 from ..options import RematOptions
 from .compress import COMPRESS
-from .greedy import PlanResult, cheapest_consolidated, give_back, run_greedy
+from .greedy import give_back, run_greedy
+from .result import PlanResult, cheapest_consolidated
 from .standard import STANDARD, STANDARD_WIDE
 
 __all__ = ["plan_standardcompress"]
