@@ -93,7 +93,7 @@ def _describe(pair: LoopPair, bmap: BodyMap, choice: LoopChoice,
         bmap.body.length, choice.stacked_bytes * bmap.body.length, split)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class LoopPlan(Plan):
     """A :class:`remat.jit` plan of a program with differentiated loops: the flat
     plan of the program as the loop choice rewrote it (``graph``, ``result`` and

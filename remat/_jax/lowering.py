@@ -142,12 +142,11 @@ def _lower_gated(ctx, jaxpr, args, num_late: int):
     else only the backward reads), is always true, cannot be folded, and depends on
     every late input, so the recomputation cannot run before all of them exist, as
     the whole region could not; no data can flip it (a NaN makes ``gi != gi``
-    true). Gated on the first cotangent only, XLA ran some recomputations early
-    and held their results (ResNet-50's plans read up to 7% higher: at 50% of the
-    temporaries, 10 plans to meet the limit with 4.5 extra GFLOP instead of 5 with
-    0.04). The split saves less memory than the whole region (the recomputed
-    values all come out of the conditional at once), so it is used only where it
-    avoids the slow kernels.
+    true). Gated on the first cotangent only, XLA may run a recomputation before
+    the later late inputs exist and hold its results until they do. The split
+    saves less memory than the whole region (the recomputed values all come out
+    of the conditional at once), so it is used only where it avoids the slow
+    kernels.
     """
     n_early = len(args) - num_late
     late_avals, late_args = ctx.avals_in[n_early:], args[n_early:]

@@ -50,7 +50,7 @@ class _CompiledCall:
         return getattr(self._compiled, name)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Plan:
     """What the automatic pass decided for one program, and what XLA made of it.
 
@@ -127,6 +127,9 @@ class Plan:
         plot_timeline(rw.graph, self.result.timeline, path,
                       title="after rematerialization", limit_bytes=self.limit_bytes,
                       recomputed=frozenset(o for o, c in enumerate(rw.is_copy) if c))
+
+    def __repr__(self) -> str:
+        return str(self)
 
     def __str__(self) -> str:
         return (f"remat plan: limit {format_bytes(self.limit_bytes)}, XLA footprint "
