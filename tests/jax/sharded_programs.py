@@ -4,8 +4,8 @@ Run as a script (``python -m tests.jax.sharded_programs CASE[:FRACTION[:ALGORITH
 ...``): it sets
 ``XLA_FLAGS`` before JAX starts, so that the rest of the test suite keeps its one
 device; ``test_sharding.py`` runs it in a subprocess. For each case it plans the
-program (by default at half the plain program's per-device temporaries, with
-``"path"``) and prints one JSON
+program (by default at half the plain program's per-device temporaries, with the
+default settings unless an algorithm is named) and prints one JSON
 line: XLA's per-device figures of both programs, the largest gradient difference,
 and whether the output shardings are the plain program's.
 """
@@ -140,7 +140,7 @@ CASES = {f.__name__: f for f in (data_parallel, two_dim, fsdp, shard_map_psum, e
                                  in_out_shardings)}
 
 
-def run(name: str, fraction: float = FRACTION, algorithm: str = "path") -> dict:
+def run(name: str, fraction: float = FRACTION, algorithm: str | None = None) -> dict:
     fun, args, jit_kwargs = CASES[name]()
     mesh_ctx = (jax.set_mesh(args[1].sharding.mesh) if name == "explicit"
                 else _null())
@@ -150,7 +150,8 @@ def run(name: str, fraction: float = FRACTION, algorithm: str = "path") -> dict:
         plain_fn = jax.jit(fun, **jit_kwargs)
         plain_c = plain_fn.lower(*args).compile()
         plain = plain_c(*copy(args)) if donated else plain_c(*args)
-        step = remat.jit(fun, memory_limit=fraction, algorithm=algorithm, **jit_kwargs)
+        chosen = {"algorithm": algorithm} if algorithm else {}     # None: the default
+        step = remat.jit(fun, memory_limit=fraction, **chosen, **jit_kwargs)
         p = step.plan_for(*args)
         got = step(*copy(args)) if donated else step(*args)
     m = plain_c.memory_analysis()
@@ -180,7 +181,7 @@ if __name__ == "__main__":
     for arg in [a for a in sys.argv[1:] if a != "-v"] or list(CASES):
         case, fraction, algorithm = (arg.split(":") + ["", ""])[:3]  # CASE[:FRACTION[:ALG]]
         try:
-            result = run(case, float(fraction or FRACTION), algorithm or "path")
+            result = run(case, float(fraction or FRACTION), algorithm or None)
         except Exception as e:   # noqa: BLE001 - reported to the test as a failure
             result = dict(case=case, error=f"{type(e).__name__}: {e}")
         result.pop("recomputed", None) if "-v" not in sys.argv else None

@@ -31,8 +31,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def results():
     """Each program planned at its fraction, by case name (one subprocess)."""
-    cases = ["data_parallel", "two_dim", "fsdp:0.6", "shard_map_psum:0.5:optimal",
-             "explicit", "in_out_shardings"]
+    cases = ["data_parallel::path", "two_dim::path", "fsdp:0.6:path", "shard_map_psum",
+             "explicit::path", "in_out_shardings::path"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("XLA_FLAGS", None)
     out = subprocess.run([sys.executable, "-m", "tests.jax.sharded_programs", *cases],
