@@ -7,6 +7,7 @@ the only module that imports ``jax._src``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Var
@@ -20,19 +21,26 @@ __all__ = ["ClosedJaxpr", "DropVar", "Jaxpr", "JaxprEqn", "Literal", "Var",
 _SOURCE_LINES: dict[tuple[Any, int], str] = {}
 
 
+#: Frames of installed model libraries, skipped when a user frame is below them.
+_LIBRARIES = re.compile(r"[\\/](site|dist)-packages[\\/](flax|equinox|haiku|optax)[\\/]")
+
+
 def source_line(eqn: JaxprEqn) -> str:
     """The user source line of an equation, e.g. ``"model.py:12:8 (loss)"``.
 
-    The innermost frame outside JAX wins (JAX's own rule); formatted lines are
-    cached by code location, since a traced loop repeats the same few lines.
+    The innermost frame outside JAX and outside the installed model libraries
+    (Flax, Equinox, Haiku, optax: their ``nn.scan`` is not the user's line) wins;
+    if every frame outside JAX is theirs, the innermost of those. Formatted lines
+    are cached by code location, since a traced loop repeats the same few lines.
     """
     traceback = eqn.source_info.traceback
     if traceback is None:
         return ""
     codes, lastis = traceback.raw_frames()
-    for code, lasti in zip(codes, lastis):
-        if not _source_info_util.is_user_filename(code.co_filename):
-            continue
+    frames = [(code, lasti) for code, lasti in zip(codes, lastis)
+              if _source_info_util.is_user_filename(code.co_filename)]
+    own = [f for f in frames if not _LIBRARIES.search(f[0].co_filename)]
+    for code, lasti in (own or frames)[:1]:
         key = (code, lasti)
         line = _SOURCE_LINES.get(key)
         if line is None:

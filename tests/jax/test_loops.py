@@ -215,3 +215,31 @@ def test_docstring_examples():
     from remat._jax import loops
     result = doctest.testmod(loops, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_flax_scan_unchanged_meets_half_and_names_the_users_line():
+    nn = pytest.importorskip("flax.linen")
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x, _):
+            return x + nn.Dense(64)(jnp.tanh(nn.Dense(128)(x))), None
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            stack = nn.scan(Block, variable_axes={"params": 0},
+                            split_rngs={"params": True}, length=6)
+            x, _ = stack(name="blocks")(x, None)
+            return jnp.sum(x ** 2)
+
+    x = jax.random.normal(jax.random.key(1), (256, 64))
+    model = Model()
+    params = model.init(jax.random.key(0), x)
+    grad = jax.grad(lambda p, x: model.apply(p, x))
+    plan = remat.plan(grad, params, x, memory_limit=0.5)
+    assert plan.met and plan.loops and plan.loops[0].rebuilt
+    assert "test_loops.py" in plan.loops[0].source     # not flax's own scan
+    want, got = jax.jit(grad)(params, x), plan.compiled(params, x)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
