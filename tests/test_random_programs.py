@@ -101,10 +101,6 @@ def test_hand_segmentation_limit_met_by_default(seed, segment):
     assert a.planned <= limit
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "seed 34 (dense 128, 3 blocks, batch 2048): checkpointing pairs of blocks reaches "
-    "10.753 MiB; remat.plan at that limit is refused, though at 11.15 MiB it returns "
-    "a plan of 10.753 MiB, 61 bytes over: the pass is not monotone"))
 def test_hand_pair_limit_met_by_default_dense_chain():
     p = random_program(34)
     limit = _hand(p, 2)
