@@ -113,6 +113,19 @@ class LoopPlan(Plan):
     def __str__(self) -> str:
         return "\n".join([super().__str__(), *(f"  {d}" for d in self.loops)])
 
+    def memlog(self) -> str:
+        """The memory log of the rewritten program (each loop one op in it), after
+        one ``#`` line per loop saying what it stacks and rebuilds."""
+        return "\n".join([*(f"# {d}" for d in self.loops), super().memlog()])
+
+    def to_dot(self, after: bool = True) -> str:
+        """:meth:`Plan.to_dot`, with the loop decisions as the graph's label."""
+        dot = super().to_dot(after)
+        text = "".join(f"{d}\\l" for d in self.loops)
+        label = '  label="' + text.replace('"', '\\"') + '"; labelloc=t;'
+        head, _, rest = dot.partition("\n")
+        return "\n".join([head, label, rest])
+
 
 def plan_with_loops(program: Program, options: RematOptions,
                     plan_flat: Callable[[Program, RematOptions], Plan]) -> Plan:

@@ -240,6 +240,8 @@ def test_flax_scan_unchanged_meets_half_and_names_the_users_line():
     plan = remat.plan(grad, params, x, memory_limit=0.5)
     assert plan.met and plan.loops and plan.loops[0].rebuilt
     assert "test_loops.py" in plan.loops[0].source     # not flax's own scan
+    assert plan.memlog().startswith("# loop at ")      # the dumps name the loops
+    assert 'label="loop at ' in plan.to_dot()
     want, got = jax.jit(grad)(params, x), plan.compiled(params, x)
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
