@@ -56,6 +56,8 @@ def test_recomputation_is_in_the_optimized_hlo(compiled, strategy):
     # The forward segments run again inside the backward: one more dot per layer.
     assert _count(ours, "dot") >= _count(plain, "dot") + LAYERS
     used = default_strategy(jax.default_backend()) if strategy == "default" else strategy
+    if strategy == "default" and used == "gate":
+        used = "cond"     # the CPU default gates only regions that read convolutions
     if used in ("cond", "while"):   # a barrier or a gate adds no control flow
         kind = "while" if used == "while" else "conditional"
         assert _count(ours, kind) >= LAYERS // SEGMENT

@@ -181,14 +181,30 @@ def test_a_region_without_cotangents_falls_back_to_the_conditional():
     np.testing.assert_allclose(jax.jit(f_jvp)(x), want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.skipif(not ON_CPU, reason="XLA:CPU's default lowering is the gate")
-def test_automatic_pass_regions_are_gated():
-    args = _chain_args()
-    loss = _chain(lambda f, **_: f)
-    plain = _compile(loss, *args)
-    plan = remat.plan(jax.grad(loss), *args, memory_limit=0.7, small_node_limit=0)
-    assert plan.met and plan.result.regions
-    text = plan.compiled.as_text()
-    assert "conditional(" not in text and "rng" in text
-    assert plan.compiled.cost_analysis()["flops"] > plain.cost_analysis()["flops"]
-    _close(plan.compiled(*_chain_args(1)), plain(*_chain_args(1)))
+def _conv_chain(ws, x):
+    for w in ws:
+        x = jnp.tanh(jax.lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))
+    return jnp.sum(x ** 2)
+
+
+def _conv_args(seed=0, layers=6):
+    keys = jax.random.split(jax.random.key(seed), layers + 1)
+    ws = [jax.random.normal(k, (3, 3, 16, 16)) / 12 for k in keys[:-1]]
+    return ws, jax.random.normal(keys[-1], (16, 16, 16, 16))
+
+
+@pytest.mark.skipif(not ON_CPU, reason="XLA:CPU's default lowering picks per region")
+def test_automatic_pass_regions_gated_where_they_read_convolutions():
+    # By default a region is gated where it reads convolutions (a conditional would
+    # run them on XLA:CPU's slow generic kernel) and a conditional elsewhere.
+    cases = [(_conv_chain, _conv_args, False),
+             (_chain(lambda f, **_: f), _chain_args, True)]
+    for loss, make, conditional in cases:
+        plain = _compile(loss, *make())
+        plan = remat.plan(jax.grad(loss), *make(), memory_limit=0.7, small_node_limit=0)
+        assert plan.met and plan.result.regions
+        text = plan.compiled.as_text()
+        assert ("conditional(" in text) == conditional and "rng" in text
+        assert plan.compiled.cost_analysis()["flops"] > plain.cost_analysis()["flops"]
+        _close(plan.compiled(*make(1)), plain(*make(1)))
