@@ -128,6 +128,22 @@ def _lower_cond(ctx, jaxpr, args):
 _SLOW_NESTED = frozenset({"conv_general_dilated"})
 
 
+def fallback_strategy(platform: str, jaxpr: core.Jaxpr) -> str | None:
+    """The lowering a plan of ``jaxpr`` may fall back on when the default's does
+    not fit: ``"cond"`` where the default would gate some region (on CPU, regions
+    reading convolutions), since the gate keeps more bytes live than the
+    conditional (its gated copies of the inputs); None where the default is
+    already the one that keeps least.
+
+    >>> from remat._jax.compat import core
+    >>> fallback_strategy("gpu", core.Jaxpr([], [], [], [])) is None
+    True
+    """
+    if default_strategy(platform) != "gate" or not _reads_slow_nested(jaxpr):
+        return None
+    return "cond"
+
+
 def _reads_slow_nested(jaxpr: core.Jaxpr) -> bool:
     return (any(e.primitive.name in _SLOW_NESTED for e in jaxpr.eqns) or
             any(_reads_slow_nested(sub) for sub in core.subjaxprs(jaxpr)))

@@ -15,7 +15,10 @@ import dataclasses
 import time
 from typing import Any
 
+import jax
+
 from remat._jax.compat import core
+from remat._jax.lowering import fallback_strategy
 from remat._jax.program import Program
 from remat._jax.rewrite import rewrite_jaxpr
 from remat._jax.sharding import keep_output_shardings
@@ -98,6 +101,15 @@ class Planner:
         columns = [self._column(name, k) for k in range(len(self.orders))
                    for name in self.algorithms()
                    if k == 0 or name != "optimal" or options.algorithm == "optimal"]
+        # Where the default lowering gates regions, each column of the first order
+        # is followed by its plans under the lowering that keeps fewer bytes (and
+        # may run slower): tried before the next algorithm, as the gate's extra
+        # bytes, not the plan, are what usually misses a tight limit.
+        fallback = fallback_lowering(compiled, program.flat.jaxpr)
+        if fallback is not None:
+            first = len(self.algorithms())
+            columns = [*(c for col in columns[:first]
+                         for c in (col, _relowered(col, fallback))), *columns[first:]]
         plain = Point((), self.baseline.total, 0.0, "plain",
                       Measured(self._plain_result(), program.flat, compiled,
                                self.baseline, 0))
@@ -149,11 +161,14 @@ class Planner:
         name = algorithm if len(self.orders) == 1 else f"{algorithm}/order {order}"
 
         infeasible: list[tuple[int, Candidate]] = []   # optimal: (target, plan)
+        planned: dict[int, Candidate] = {}     # by target (a relowered column asks too)
         seconds = self.options.solver_seconds
         if algorithm == "optimal" and self.options.algorithm == PORTFOLIO:
             seconds = min(seconds, OPTIMAL_DEFAULT_SECONDS)
 
         def plan(target: int) -> Candidate:
+            if target in planned:
+                return planned[target]
             below = [c for t, c in infeasible if target <= t]
             if below:
                 # No selection meets a higher target: none meets this one, and the
@@ -173,21 +188,22 @@ class Planner:
                                           result.timeline.peak_bytes)
             self.plan_seconds += time.perf_counter() - start
             cand = Candidate(result.regions, result.timeline.peak_bytes,
-                             result.extra_flops, (result, small))
+                             result.extra_flops, (result, small, None))
             if result.status == "infeasible" and small == 0:
                 infeasible.append((target, cand))
+            planned[target] = cand
             return cand
 
         return Column(name, rungs(self.floor(order, least, algorithm), peak), per_xla,
                       lambda limit: int(max(limit - scratch, 0) * per_xla), plan)
 
     def _measure(self, cand: Candidate) -> Point:
-        result, small = cand.payload
+        result, small, lowering = cand.payload
         start = time.perf_counter()
         with gc_paused():
             flat = self.program.flat
-            jaxpr = core.ClosedJaxpr(rewrite_jaxpr(flat.jaxpr, result.rewritten),
-                                     flat.consts)
+            jaxpr = core.ClosedJaxpr(
+                rewrite_jaxpr(flat.jaxpr, result.rewritten, lowering), flat.consts)
         t = time.perf_counter()
         compiled = self.program.compile(jaxpr)
         footprint = XlaFootprint.of(compiled)
@@ -207,6 +223,32 @@ class Planner:
     def model_timeline(self) -> Timeline:
         """The simulation of the program as written, on the first order."""
         return self.orders[0][1]
+
+
+def fallback_lowering(compiled: Any, jaxpr: core.Jaxpr) -> str | None:
+    """The lowering plans of ``jaxpr`` may fall back on (see
+    :func:`remat._jax.lowering.fallback_strategy`), given the plain program
+    compiled; None on a program partitioned over several devices (whose default
+    lowering is already that one)."""
+    shardings = [*jax.tree.leaves(compiled.input_shardings),
+                 *jax.tree.leaves(compiled.output_shardings)]
+    devices = set().union(*(s.device_set for s in shardings)) or {jax.devices()[0]}
+    if len(devices) > 1:
+        return None
+    return fallback_strategy(next(iter(devices)).platform, jaxpr)
+
+
+def _relowered(column: Column, lowering: str) -> Column:
+    """``column``'s plans, their regions lowered with ``lowering``: the same
+    targets and plans (a column plans each target once), other compiled points."""
+    def plan(target: int) -> Candidate:
+        cand = column.plan(target)
+        result, small, _ = cand.payload
+        return dataclasses.replace(cand, key=(lowering, cand.key) if cand.key else (),
+                                   payload=(result, small, lowering))
+
+    return dataclasses.replace(column, name=f"{column.name} ({lowering})", plan=plan,
+                               rank=column.rank + 1)
 
 
 _PLANNERS: collections.OrderedDict[Any, Planner] = collections.OrderedDict()

@@ -17,8 +17,10 @@ from remat._jax.primitive import remat_p
 from remat.core.plan import Rewritten
 
 
-def rewrite_jaxpr(jaxpr: core.Jaxpr, plan: Rewritten) -> core.Jaxpr:
-    """The program of ``plan``, built from the equations of ``jaxpr``."""
+def rewrite_jaxpr(jaxpr: core.Jaxpr, plan: Rewritten, lowering: str | None = None
+                  ) -> core.Jaxpr:
+    """The program of ``plan``, built from the equations of ``jaxpr``; its regions
+    lowered with ``lowering`` (None: the platform's default, see ``lowering.py``)."""
     eqns = jaxpr.eqns
     block_start = {block[0]: k for k, block in enumerate(plan.blocks) if block}
     last_read = _last_reads(jaxpr, plan)
@@ -33,7 +35,7 @@ def rewrite_jaxpr(jaxpr: core.Jaxpr, plan: Rewritten) -> core.Jaxpr:
         block = plan.blocks[block_start[op]]
         new_eqns.append(_region_eqn(
             [eqns[plan.origin[o]] for o in block], [plan.is_copy[o] for o in block],
-            last_read, step + len(block) - 1))
+            last_read, step + len(block) - 1, lowering))
         step += len(block)
     return jaxpr.replace(eqns=new_eqns)
 
@@ -53,7 +55,8 @@ def _last_reads(jaxpr: core.Jaxpr, plan: Rewritten) -> dict:
     return last
 
 
-def _region_eqn(block_eqns, copies, last_read: dict, end: int) -> core.JaxprEqn:
+def _region_eqn(block_eqns, copies, last_read: dict, end: int,
+                lowering: str | None) -> core.JaxprEqn:
     """One ``remat_p`` equation running ``block_eqns`` (copies first), the last
     of them at step ``end``."""
     rename: dict = {}        # outer var -> var inside the body
@@ -92,5 +95,5 @@ def _region_eqn(block_eqns, copies, last_read: dict, end: int) -> core.JaxprEqn:
     return core.new_jaxpr_eqn(
         list(inputs), list(outputs), remat_p,
         dict(jaxpr=body, prevent_cse=True, differentiated=True, policy=None,
-             lowering=None, num_late=len(inputs) - (num_early or 0)),
+             lowering=lowering, num_late=len(inputs) - (num_early or 0)),
         body.effects, block_eqns[-1].source_info)

@@ -105,12 +105,14 @@ class Point:
       extra_flops: the FLOPs it recomputes.
       column: the name of the column that planned it first.
       payload: whatever the caller keeps of it (the compiled program).
+      rank: its column's rank (lower is preferred at equal extra FLOPs).
     """
     key: Hashable
     footprint: int
     extra_flops: float
     column: str
     payload: Any = None
+    rank: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,12 +126,16 @@ class Column:
       estimate: a compiled limit -> the model target expected to meet it
         (non-decreasing in the limit).
       plan: a model target -> the :class:`Candidate` planned for it.
+      rank: 0, or more for a column whose plans are worse in a way their extra
+        FLOPs do not show (e.g. a slower lowering): of two points with equal
+        extra FLOPs within a limit, the one of the lower rank answers it.
     """
     name: str
     rungs: tuple[int, ...]
     model_per_xla: float
     estimate: Callable[[int], int]
     plan: Callable[[int], Candidate]
+    rank: int = 0
 
 
 def rungs(floor: int, peak: int, count: int = RUNGS, fine: int = FINE_RUNGS
@@ -179,7 +185,8 @@ class Frontier:
         if known is None:
             self.compiles += 1
             known = self.points[cand.key] = dataclasses.replace(
-                self._measure(cand), column=self.columns[column].name)
+                self._measure(cand), column=self.columns[column].name,
+                rank=self.columns[column].rank)
             log.info("remat: %s at model target %d: footprint %d, +%.3g FLOPs",
                      known.column, self.columns[column].rungs[rung], known.footprint,
                      known.extra_flops)
@@ -229,9 +236,10 @@ class Frontier:
 
     def best_under(self, limit: int) -> Point | None:
         """The cheapest point known within ``limit`` (fewest extra FLOPs, then
-        the least footprint)."""
+        the lowest rank, then the least footprint)."""
         within = [p for p in self._known() if p.footprint <= limit]
-        return min(within, key=lambda p: (p.extra_flops, p.footprint), default=None)
+        return min(within, key=lambda p: (p.extra_flops, p.rank, p.footprint),
+                   default=None)
 
     def lowest(self) -> Point | None:
         """The point of the least footprint known."""

@@ -146,3 +146,19 @@ def test_the_answer_is_the_cheapest_known_within_the_limit():
         got = f.answer(limit)
         within = [p for p in f.points.values() if p.footprint <= limit]
         assert got.extra_flops == min(p.extra_flops for p in within)
+
+
+def test_at_equal_flops_the_lower_rank_answers():
+    # Two columns plan the same targets at the same FLOPs; the second (rank 1,
+    # e.g. a slower lowering) keeps fewer bytes, so it answers only limits the
+    # first cannot meet.
+    def column(name, rank, extra):
+        return Column(name, rungs=(100, 200), model_per_xla=1.0,
+                      estimate=lambda limit: limit, rank=rank,
+                      plan=lambda t: Candidate((name, t), t, 300.0 - t, extra))
+
+    f = Frontier([column("fast", 0, 50), column("lean", 1, 0)],
+                 lambda c: Point(c.key, c.model_peak + c.payload, c.extra_flops, ""))
+    assert f.answer(140).column == "lean"          # fast's least is 150
+    # both rungs 100 are known within 150 at equal FLOPs: the lower rank answers
+    assert f.answer(150).column == "fast"
