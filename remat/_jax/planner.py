@@ -59,6 +59,7 @@ class Measured:
     compiled: Any
     footprint: XlaFootprint
     small_node_bytes: int
+    final: bool = True        # compiled to run (not only to measure)
 
 
 class Planner:
@@ -89,7 +90,7 @@ class Planner:
                 self.orders = [(order, simulate(graph, order, check=False))]
         self.plan_seconds += time.perf_counter() - start
         t = time.perf_counter()
-        compiled = program.compile(program.flat)
+        compiled = program.compile(program.flat, measure_only=True)
         self.baseline = XlaFootprint.of(compiled)
         # Plans return their results laid out as the plain program does.
         program.jit_kwargs = keep_output_shardings(compiled, program.jit_kwargs)
@@ -112,7 +113,7 @@ class Planner:
                          for c in (col, _relowered(col, fallback))), *columns[first:]]
         plain = Point((), self.baseline.total, 0.0, "plain",
                       Measured(self._plain_result(), program.flat, compiled,
-                               self.baseline, 0))
+                               self.baseline, 0, final=False))
         self.frontier = Frontier(columns, self._measure, plain)
 
     def algorithms(self) -> tuple[str, ...]:
@@ -129,7 +130,27 @@ class Planner:
         self.answers += 1
         if limit < self.baseline.held_whatever:
             return None
-        return self.frontier.answer(limit)
+        while True:
+            point = self.frontier.answer(limit)
+            if point is None or point.payload.final:
+                return point
+            point = self._compiled_to_run(point)
+            if point.footprint <= limit:
+                return point
+
+    def _compiled_to_run(self, point: Point) -> Point:
+        """``point`` compiled in full (measuring compiles may skip optimizations
+        that do not change memory); the frontier keeps this compile's figure,
+        should it differ from the measured one."""
+        m = point.payload
+        start = time.perf_counter()
+        compiled = self.program.compile(m.jaxpr)
+        footprint = XlaFootprint.of(compiled)
+        self.compile_seconds += time.perf_counter() - start
+        final = dataclasses.replace(point, footprint=footprint.total, payload=dataclasses.replace(
+            m, compiled=compiled, footprint=footprint, final=True))
+        self.frontier.update(final)
+        return final
 
     # ---------------------------------------------------------------- columns
 
@@ -205,13 +226,13 @@ class Planner:
             jaxpr = core.ClosedJaxpr(
                 rewrite_jaxpr(flat.jaxpr, result.rewritten, lowering), flat.consts)
         t = time.perf_counter()
-        compiled = self.program.compile(jaxpr)
+        compiled = self.program.compile(jaxpr, measure_only=True)
         footprint = XlaFootprint.of(compiled)
         done = time.perf_counter()
         self.plan_seconds += t - start
         self.compile_seconds += done - t
         return Point(cand.key, footprint.total, cand.extra_flops, "",
-                     Measured(result, jaxpr, compiled, footprint, small))
+                     Measured(result, jaxpr, compiled, footprint, small, final=False))
 
     def _plain_result(self) -> PlanResult:
         """The result of planning nothing (the program as written)."""

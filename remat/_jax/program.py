@@ -245,9 +245,28 @@ class Program:
         """``closed`` lowered for the program's abstract inputs."""
         return self.function(closed).lower(*self.specs)
 
-    def compile(self, closed: core.ClosedJaxpr):
-        """``closed`` compiled for the call's dynamic leaves."""
-        return self.lower(closed).compile()
+    def compile(self, closed: core.ClosedJaxpr, measure_only: bool = False):
+        """``closed`` compiled for the call's dynamic leaves; with ``measure_only``,
+        faster where the platform allows (:data:`MEASURE_OPTIONS`): the same
+        memory figures, slower code (compile again to run it)."""
+        lowered = self.lower(closed)
+        if measure_only and self.platform() in MEASURE_OPTIONS:
+            return lowered.compile(compiler_options=MEASURE_OPTIONS[self.platform()])
+        return lowered.compile()
+
+    def platform(self) -> str:
+        """The platform the program runs on (its inputs' devices, else the default)."""
+        for sharding in self.in_shardings:
+            if sharding is not None and getattr(sharding, "device_set", None):
+                return next(iter(sharding.device_set)).platform
+        return jax.default_backend()
+
+
+#: Compiler options, per platform, for a compile that only measures a plan: on CPU
+#: no LLVM optimization (about half the compile time). XLA assigns buffers to the
+#: optimized HLO before code generation, so the memory figures are the same as a
+#: full compile's (a test checks it); the chosen plan is compiled again in full.
+MEASURE_OPTIONS = {"cpu": {"xla_backend_optimization_level": 0}}
 
 
 def trace_program(fun: Callable, args: tuple, kwargs: dict, spec: CallSpec,

@@ -234,6 +234,13 @@ class Frontier:
                     return True
         return False
 
+    def update(self, point: Point) -> None:
+        """Replaces the known point of ``point.key`` with ``point`` (a truer
+        figure of the same plan, e.g. from compiling it again)."""
+        if self.plain is not None and self.plain.key == point.key:
+            self.plain = point
+        self.points[point.key] = point
+
     def best_under(self, limit: int) -> Point | None:
         """The cheapest point known within ``limit`` (fewest extra FLOPs, then
         the lowest rank, then the least footprint)."""

@@ -353,3 +353,24 @@ def test_a_conv_net_falls_back_to_the_conditional_where_the_gate_keeps_too_much(
     for got, want in zip(leaves(plan.compiled(model.params, model.batch)),
                          leaves(jax.jit(grad)(model.params, model.batch))):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_plans_are_measured_by_quick_compiles_and_the_answer_compiled_in_full(
+        monkeypatch):
+    from remat._jax.program import Program
+    calls = []
+    compile_ = Program.compile
+
+    def recording(self, closed, measure_only=False):
+        calls.append((closed, measure_only))
+        return compile_(self, closed, measure_only)
+
+    monkeypatch.setattr(Program, "compile", recording)
+    planner_module.forget_planners()
+    ws, x = _inputs(7)
+    plan = remat.plan(jax.value_and_grad(_loss), ws, x, memory_limit=0.5)
+    assert plan.met and all(quick for _, quick in calls[:-1])
+    assert calls[-1] == (plan.jaxpr, False)
+    before = len(calls)
+    remat.plan(jax.value_and_grad(_loss), ws, x, memory_limit=0.5)
+    assert len(calls) == before          # the frontier keeps the full compile
