@@ -54,6 +54,8 @@ class LoopDecision:
       runs: how many times the loop runs (the product of the trip counts of the
         loops around it); ``extra_flops`` counts every run, ``stacked_bytes``
         one.
+      holds_loops: whether loops run inside this one (their decisions follow
+        it); "as written" then means only that it rebuilds nothing itself.
     """
     source: str
     length: int
@@ -65,6 +67,7 @@ class LoopDecision:
     split: int | None = None
     within: str | None = None
     runs: int = 1
+    holds_loops: bool = False
 
     def __str__(self) -> str:
         kept = ", ".join(self.stacked) or "nothing"
@@ -79,7 +82,8 @@ class LoopDecision:
                      f"{self.split}, keeping the carry at each segment's start and "
                      "running each segment's forward iterations again")
         if not self.rebuilt and not self.split:
-            return text + ", as written"
+            return text + (", rebuilding nothing itself" if self.holds_loops
+                           else ", as written")
         return text + f" (+{self.extra_flops / 1e9:.2f} GFLOP)"
 
 
@@ -104,7 +108,7 @@ def _describe(nest: LoopNest, choice, split: int | None, runs: int = 1,
         tuple(f"{graph.ops[o].label} from {graph.ops[o].source or 'unknown source'}"
               for o in own.recompute),
         (own.flops + (sum(op.flops for op in graph.ops) if split else 0)) * length * runs,
-        own.stacked_bytes * length, split, within, runs)]
+        own.stacked_bytes * length, split, within, runs, bool(nest.inner))]
     if isinstance(choice, NestedChoice):
         for inner, c in zip(nest.inner, choice.inner):
             decisions += _describe(inner, c, None, runs * length, source)
