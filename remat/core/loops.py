@@ -161,13 +161,6 @@ class NestedChoice:
         """The outer loop's rebuilt residuals."""
         return self.outer.rebuilt
 
-    @property
-    def changes(self) -> bool:
-        """Whether the choice changes the program (here or in an inner loop)."""
-        return bool(self.outer.rebuilt) or any(
-            c.changes if isinstance(c, NestedChoice) else bool(c.rebuilt)
-            for c in self.inner)
-
     def memory(self, length: int) -> int:
         """Bytes of the choice: the stacks and the backward bodies' extra values."""
         return length * self.stacked_bytes + self.working_bytes

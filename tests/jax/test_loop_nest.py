@@ -71,6 +71,11 @@ def test_nested_scanned_transformer(fraction):
 
     plan = _check(jax.value_and_grad(loss), (grouped, x), fraction)
     assert _inner_decisions(plan)
+    if fraction == 0.5:
+        # Well below running the inner loops' forward again (their six matmuls
+        # per block, 12 d^2 weights, over every token).
+        batch, seq, width = x.shape
+        assert plan.extra_flops < 0.5 * 6 * 2 * batch * seq * 12 * width ** 2
 
 
 def test_fori_loop_inside_a_scanned_layer():
