@@ -39,8 +39,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from remat._jax.compat import core
-from remat._jax.loops import (BodyMap, LoopPair, _fresh, _live_eqns, _rewrite_pair,
-                              _unknown_names, find_loops, loop_body)
+from remat._jax.loops import (BodyMap, LoopPair, find_loops, fresh_var, live_eqns,
+                              loop_body, rewrite_pair, unnamed)
 from remat.core.loops import LoopChoice, NestedChoice, combine, loop_choices, pareto, spread
 
 __all__ = ["Joint", "LoopNest", "Variant", "joint_body", "split_joint", "plan_nests",
@@ -92,7 +92,7 @@ def joint_body(fwd: core.JaxprEqn, bwd: core.JaxprEqn, pair: LoopPair) -> Joint:
     outvars += [sub(v) for v in bbody.outvars]
     jaxpr = core.Jaxpr([*fbody.constvars, *bbody.constvars], [*fbody.invars, *b_invars],
                        outvars, eqns, effects=core.join_effects(*(e.effects for e in eqns)),
-                       debug_info=_unknown_names(fbody.debug_info))
+                       debug_info=unnamed(fbody.debug_info))
     return Joint(jaxpr, fwd, bwd, pair)
 
 
@@ -129,7 +129,7 @@ def split_joint(joint: Joint, jaxpr: core.Jaxpr) -> tuple[core.JaxprEqn, core.Ja
     new_xs, new_xs_in, stacked = [], [], []
     length = fwd.params["length"]
     for v in cross:
-        env[v] = _fresh(v)
+        env[v] = fresh_var(v)
         if v in const_of:
             closed_vars.append(env[v])
             closed_vals.append(const_of[v])
@@ -144,9 +144,9 @@ def split_joint(joint: Joint, jaxpr: core.Jaxpr) -> tuple[core.JaxprEqn, core.Ja
     # Forward: the outputs that are not residuals, then one stack per value read.
     f_outvars = [v for p, v in enumerate(fbody.outvars) if p not in pair.positions]
     f_outvars += stacked
-    new_fbody = fbody.replace(eqns=_live_eqns(fbody.replace(eqns=f_eqns), f_outvars),
+    new_fbody = fbody.replace(eqns=live_eqns(fbody.replace(eqns=f_eqns), f_outvars),
                               outvars=f_outvars,
-                              debug_info=_unknown_names(fbody.debug_info))
+                              debug_info=unnamed(fbody.debug_info))
     stacks = [core.Var(core.unmapped_aval(length, 0, v.aval)) for v in stacked]
     f_out = [v for p, v in enumerate(fwd.outvars) if p not in pair.positions] + stacks
     new_fwd = fwd.replace(outvars=f_out, params=dict(
@@ -163,9 +163,9 @@ def split_joint(joint: Joint, jaxpr: core.Jaxpr) -> tuple[core.JaxprEqn, core.Ja
                 [bbody.invars[k] for k in keep] + new_xs + stack_slices)
     b_outs = [sub(v) for v in b_outvars]
     new_bbody = core.Jaxpr([*bbody.constvars, *closed_vars], b_invars, b_outs,
-                           _live_eqns(bbody.replace(eqns=body_eqns), b_outs),
+                           live_eqns(bbody.replace(eqns=body_eqns), b_outs),
                            effects=core.join_effects(*(e.effects for e in body_eqns)),
-                           debug_info=_unknown_names(bbody.debug_info))
+                           debug_info=unnamed(bbody.debug_info))
     params = dict(bwd.params, num_consts=bnc + len(new_consts),
                   jaxpr=core.ClosedJaxpr(new_bbody, [*bclosed.consts, *closed_vals]))
     if "linear" in params:
@@ -262,7 +262,7 @@ def rewrite_nests(jaxpr: core.Jaxpr, nests: Sequence[LoopNest],
         own = own_choice(choice)
         f, b = v.fwd, v.bwd
         if own.rebuilt:
-            f, b = _rewrite_pair(f, b, v.pair, v.bmap, own)
+            f, b = rewrite_pair(f, b, v.pair, v.bmap, own)
         eqns[nest.pair.forward], eqns[nest.pair.backward] = f, b
     return jaxpr.replace(eqns=eqns)
 
