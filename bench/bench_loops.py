@@ -34,6 +34,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 import remat
 from bench.bench_auto import _median_times
+from remat._jax.inline import inline_calls
+from remat._jax.loops import jaxpr_flops
 from bench.output import result_file
 
 MATMULS = ("q", "k", "v", "attn_out", "ffn_in", "ffn_out")
@@ -114,6 +116,12 @@ def _figures(compiled):
     return total, compiled.cost_analysis()["flops"]
 
 
+def _trip_flops(closed):
+    """The op model's FLOPs of a program, each loop body times its trip count
+    (XLA's ``cost_analysis()`` counts a loop body once)."""
+    return jaxpr_flops(inline_calls(closed).jaxpr)
+
+
 def _mib(n):
     return f"{n / 2**20:.1f}"
 
@@ -133,11 +141,13 @@ def main() -> None:
     step, inputs = train_step_for(**sizes)
     plain = jax.jit(step).lower(*inputs).compile()
     base_total, base_flops = _figures(plain)
-    hand = {}
+    base_trips = _trip_flops(jax.make_jaxpr(step)(*inputs))
+    hand, hand_trips = {}, {}
     for name, policy in POLICIES.items():
         fn, _ = train_step_for(**sizes, policy=policy)
         compiled = jax.jit(fn).lower(*inputs).compile()
         hand[name] = (compiled, *_figures(compiled))
+        hand_trips[name] = _trip_flops(jax.make_jaxpr(fn)(*inputs)) / base_trips
     want = jax.tree.leaves(plain(*inputs))
     lines = []
     for fraction in (float(f) for f in args.limits.split(",")):
@@ -146,7 +156,8 @@ def main() -> None:
         try:
             plan = jitted.plan_for(*inputs)
         except remat.MemoryLimitError as e:
-            lines.append(f"| {fraction:.0%} | refused: {str(e)[:120]} | | | | | |")
+            lines.append(f"| {fraction:.0%} | refused: {str(e)[:120]} | | | | | | | |"
+                         " | | | |")
             continue
         seconds = time.perf_counter() - start
         got = jax.tree.leaves(plan.compiled(*inputs))
@@ -156,17 +167,18 @@ def main() -> None:
         best = min(fits)[1] if fits else None
         fns = [plain, plan.compiled] + ([hand[best][0]] if best else [])
         times = _median_times(fns, inputs, args.rounds)
-        ours = (f"{_mib(total)} | {flops / base_flops:.3f} | {times[1] / times[0]:.2f}")
-        theirs = ("none fits | | |" if best is None else
+        ours = (f"{_mib(total)} | {flops / base_flops:.3f} | "
+                f"{_trip_flops(plan.jaxpr) / base_trips:.3f} | {times[1] / times[0]:.2f}")
+        theirs = ("none fits | | | |" if best is None else
                   f"{best}: {_mib(hand[best][1])} | {hand[best][2] / base_flops:.3f} | "
-                  f"{times[2] / times[0]:.2f}")
+                  f"{hand_trips[best]:.3f} | {times[2] / times[0]:.2f}")
         stacked = "; ".join(f"{len(d.stacked)} stacked, {len(d.rebuilt)} rebuilt "
                             f"({len(d.recomputed)} ops)" for d in plan.loops)
         lines.append(f"| {fraction:.0%} ({_mib(plan.limit_bytes)}) | {ours} | "
                      f"{'yes' if plan.met else 'NO'} | {stacked} | {seconds:.0f} s | "
                      f"{'yes' if same else 'NO'} | {theirs} |")
         print(lines[-1], flush=True)
-    hand_rows = "\n".join(f"| {n} | {_mib(t)} | {f / base_flops:.3f} |"
+    hand_rows = "\n".join(f"| {n} | {_mib(t)} | {f / base_flops:.3f} | {hand_trips[n]:.3f} |"
                           for n, (c, t, f) in hand.items())
     text = (
         f"Device: {jax.default_backend()}, jax {jax.__version__}. Scanned pre-LN "
@@ -174,12 +186,16 @@ def main() -> None:
         f"train step (optax Adam): {sizes}. Plain XLA footprint "
         f"{_mib(base_total)} MiB. Footprints in MiB (XLA's argument + output + temp - "
         f"alias); FLOPs and step time as ratios to the plain program (median of "
-        f"{args.rounds} samples).\n\n"
-        "| limit (MiB) | remat.jit footprint | FLOPs | time | met | in the loop | "
-        "plan+compiles | same outputs | best hand policy within the limit: footprint | "
-        "FLOPs | time |\n|---|---|---|---|---|---|---|---|---|---|---|\n" +
+        f"{args.rounds} samples). FLOPs: XLA's `cost_analysis()`, which counts a loop "
+        "body once; FLOPs x trips: the op model's count, each loop body times its trip "
+        "count.\n\n"
+        "| limit (MiB) | remat.jit footprint | FLOPs | FLOPs x trips | time | met | "
+        "in the loop | plan+compiles | same outputs | best hand policy within the "
+        "limit: footprint | FLOPs | FLOPs x trips | time |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n" +
         "\n".join(lines) + "\n\nHand-written body policies (jax.checkpoint on the "
-        "block):\n\n| policy | footprint | FLOPs |\n|---|---|---|\n" + hand_rows + "\n")
+        "block):\n\n| policy | footprint | FLOPs | FLOPs x trips |\n|---|---|---|---|\n" +
+        hand_rows + "\n")
     name = "loops_nested" if args.groups > 1 else "loops"
     out = result_file(f"{name}_quick" if args.quick else name)
     out.write_text(text)

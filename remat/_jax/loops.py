@@ -41,7 +41,7 @@ from remat.core.graph import Graph, GraphBuilder
 from remat.core.loops import LoopBody, LoopChoice
 
 __all__ = ["LoopPair", "BodyMap", "find_loops", "loop_body", "rewrite_loops", "rewrite_pair",
-           "live_eqns", "fresh_var", "unnamed"]
+           "live_eqns", "fresh_var", "unnamed", "jaxpr_flops"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +100,10 @@ def find_loops(jaxpr: core.Jaxpr) -> list[LoopPair]:
 
 # ------------------------------------------------------------------ body graph
 
-def _body_flops(jaxpr: core.Jaxpr) -> float:
-    """FLOPs of a (sub-)jaxpr, loops counted ``length`` times."""
+def jaxpr_flops(jaxpr: core.Jaxpr) -> float:
+    """FLOPs of a (sub-)jaxpr by the op model, a loop body counted ``length``
+    times (XLA's ``cost_analysis()`` counts a loop body once), a conditional by
+    its costliest branch."""
     total = 0.0
     for eqn in jaxpr.eqns:
         total += _eqn_flops(eqn)
@@ -112,10 +114,10 @@ def _eqn_flops(eqn: core.JaxprEqn) -> float:
     subs = [p for p in eqn.params.values() if isinstance(p, (core.Jaxpr, core.ClosedJaxpr))]
     branches = eqn.params.get("branches")
     if branches:
-        return max(_body_flops(getattr(b, "jaxpr", b)) for b in branches)
+        return max(jaxpr_flops(getattr(b, "jaxpr", b)) for b in branches)
     if subs:
         repeat = float(eqn.params.get("length", 1))
-        return repeat * sum(_body_flops(getattr(s, "jaxpr", s)) for s in subs)
+        return repeat * sum(jaxpr_flops(getattr(s, "jaxpr", s)) for s in subs)
     return primitive_cost(eqn)[0]
 
 

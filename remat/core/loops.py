@@ -291,9 +291,10 @@ def _by_producer_cost(body: LoopBody) -> Iterable[frozenset[int]]:
 
 def _by_intensity(body: LoopBody) -> Iterable[frozenset[int]]:
     """Drop sets that rebuild only through cheap ops, one per threshold on an op's
-    arithmetic intensity (FLOPs per byte it reads or writes): in the body's order, a residual is kept if rebuilding
-    it from what is at hand (inputs, carries, residuals kept so far) runs an op at
-    or above the threshold, else rebuilt. These are the "save what the matmuls
+    arithmetic intensity (FLOPs per byte it reads or writes): in the body's
+    order, a residual is kept if rebuilding it from what is at hand (inputs,
+    carries, residuals kept so far) runs an op at or above the threshold, else
+    rebuilt. These are the "save what the matmuls
     make" choices, wherever a reshape or an activation sits between the matmul
     and the residual."""
     graph = body.graph
