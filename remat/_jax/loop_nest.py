@@ -48,7 +48,7 @@ __all__ = ["Joint", "LoopNest", "Variant", "joint_body", "split_joint", "plan_ne
 
 #: Combinations of the inner loops' choices the outer loop is planned on (spread
 #: along their combined frontier, from "as written" to "stack the least").
-INNER_VARIANTS = 6
+INNER_VARIANTS = 32
 
 
 @dataclasses.dataclass(frozen=True)
