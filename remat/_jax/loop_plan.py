@@ -10,8 +10,10 @@ the one that stacks the least. A loop whose body holds loops is planned with
 them (``loop_nest.py``): each of its choices is a choice of the inner loops and
 its own on the body they rewrote. The flat search (``planner.py``) then plans the rewritten
 program against the same limit in bytes, so it recomputes outside the loops only
-what the loop choice leaves over the limit. A program without such loops goes to
-the flat search unchanged.
+what the loop choice leaves over the limit. The two are not traded against each
+other: a loop choice that stacks more, paired with recompute outside the loops,
+is not tried (each such pair would take a flat search of its own, with its own
+compiles). A program without such loops goes to the flat search unchanged.
 """
 
 from __future__ import annotations
