@@ -4,12 +4,12 @@ Loops and the flat program around them are planned against one limit. Each
 loop's choices (:func:`remat.core.loops.loop_choices`, what it stacks per
 iteration) are merged into one sequence over all loops
 (:func:`remat.core.loops.combine`), from no recompute up; each is applied to the
-program (:func:`remat._jax.loops.rewrite_loops`) and read in XLA's figures. The
-cheapest choice whose program XLA reads within the limit is taken; when none is,
-the one that stacks the least. A loop whose body holds loops is planned with
+program (:func:`remat._jax.loop_nest.rewrite_nests`) and read in XLA's figures.
+The cheapest choice whose program XLA reads within the limit is taken; when none
+is, the one that stacks the least. A loop whose body holds loops is planned with
 them (``loop_nest.py``): each of its choices is a choice of the inner loops and
-its own on the body they rewrote. The flat search (``planner.py``) then plans the rewritten
-program against the same limit in bytes, so it recomputes outside the loops only
+its own on the body they rewrote. The flat search (``planner.py``) then plans
+the rewritten program against the same limit in bytes, so it recomputes outside the loops only
 what the loop choice leaves over the limit. The two are not traded against each
 other: a loop choice that stacks more, paired with recompute outside the loops,
 is not tried (each such pair would take a flat search of its own, with its own
