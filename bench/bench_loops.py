@@ -12,8 +12,13 @@ plan does in the loop; beside it, the hand-written body policy
 ``save_only_these_names`` of the block's six matmuls) with the fewest FLOPs
 among those XLA reads within the same limit.
 
+With ``--groups G`` the layers run as nested scans: an outer scan over ``G``
+groups whose body scans over the group's blocks (the hand policies then wrap
+the inner block).
+
 Run from the repository root: ``python -m bench.bench_loops`` (``--quick`` for
-a small model). Writes ``bench/results/loops.md``.
+a small model). Writes ``bench/results/loops.md`` (``loops_nested.md`` with
+``--groups``; ``_quick`` with ``--quick``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 import remat
 from bench.bench_auto import _median_times
+from remat._jax.inline import inline_calls
+from remat._jax.loops import jaxpr_flops
 from bench.output import result_file
 
 MATMULS = ("q", "k", "v", "attn_out", "ffn_in", "ffn_out")
@@ -64,9 +71,12 @@ def _block(heads):
     return block
 
 
-def train_step_for(layers, batch, seq, width, heads, policy=None):
+def train_step_for(layers, batch, seq, width, heads, policy=None, groups=1):
     """``(train_step, (params, opt_state, x))``; with ``policy``, the block is
-    under ``jax.checkpoint`` with that policy."""
+    under ``jax.checkpoint`` with that policy; with ``groups > 1``, the blocks
+    run in a scan over ``groups`` groups, each a scan over its blocks."""
+    if layers % groups:
+        raise ValueError(f"train_step_for: groups={groups} must divide layers={layers}")
     keys = jax.random.split(jax.random.key(0), 7)
     shapes = {"wq": (width, width), "wk": (width, width), "wv": (width, width),
               "wo": (width, width), "w1": (width, 4 * width), "w2": (4 * width, width)}
@@ -78,8 +88,18 @@ def train_step_for(layers, batch, seq, width, heads, policy=None):
         block = jax.checkpoint(block, policy=policy)
     opt = optax.adam(1e-3)
 
+    if groups > 1:
+        params = jax.tree.map(lambda p: p.reshape(groups, layers // groups, *p.shape[1:]),
+                              params)
+
+    def run(x, params):
+        if groups == 1:
+            return jax.lax.scan(block, x, params)[0]
+        group = lambda c, p: (jax.lax.scan(block, c, p)[0], None)
+        return jax.lax.scan(group, x, params)[0]
+
     def loss(params, x):
-        return jnp.mean(jax.lax.scan(block, x, params)[0] ** 2)
+        return jnp.mean(run(x, params) ** 2)
 
     def train_step(params, state, x):
         value, grads = jax.value_and_grad(loss)(params, x)
@@ -96,6 +116,12 @@ def _figures(compiled):
     return total, compiled.cost_analysis()["flops"]
 
 
+def _trip_flops(closed):
+    """The op model's FLOPs of a program, each loop body times its trip count
+    (XLA's ``cost_analysis()`` counts a loop body once)."""
+    return jaxpr_flops(inline_calls(closed).jaxpr)
+
+
 def _mib(n):
     return f"{n / 2**20:.1f}"
 
@@ -105,17 +131,23 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a small model")
     parser.add_argument("--limits", default="0.75,0.5,0.3")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--groups", type=int, default=1,
+                        help="run the layers as this many groups of nested scans")
     args = parser.parse_args()
     sizes = (dict(layers=12, batch=2, seq=32, width=64, heads=4) if args.quick else
              dict(layers=12, batch=8, seq=128, width=256, heads=4))
+    if args.groups > 1:
+        sizes["groups"] = args.groups
     step, inputs = train_step_for(**sizes)
     plain = jax.jit(step).lower(*inputs).compile()
     base_total, base_flops = _figures(plain)
-    hand = {}
+    base_trips = _trip_flops(jax.make_jaxpr(step)(*inputs))
+    hand, hand_trips = {}, {}
     for name, policy in POLICIES.items():
         fn, _ = train_step_for(**sizes, policy=policy)
         compiled = jax.jit(fn).lower(*inputs).compile()
         hand[name] = (compiled, *_figures(compiled))
+        hand_trips[name] = _trip_flops(jax.make_jaxpr(fn)(*inputs)) / base_trips
     want = jax.tree.leaves(plain(*inputs))
     lines = []
     for fraction in (float(f) for f in args.limits.split(",")):
@@ -124,7 +156,8 @@ def main() -> None:
         try:
             plan = jitted.plan_for(*inputs)
         except remat.MemoryLimitError as e:
-            lines.append(f"| {fraction:.0%} | refused: {str(e)[:120]} | | | | | |")
+            lines.append(f"| {fraction:.0%} | refused: {str(e)[:120]} | | | | | | | |"
+                         " | | | |")
             continue
         seconds = time.perf_counter() - start
         got = jax.tree.leaves(plan.compiled(*inputs))
@@ -134,30 +167,37 @@ def main() -> None:
         best = min(fits)[1] if fits else None
         fns = [plain, plan.compiled] + ([hand[best][0]] if best else [])
         times = _median_times(fns, inputs, args.rounds)
-        ours = (f"{_mib(total)} | {flops / base_flops:.3f} | {times[1] / times[0]:.2f}")
-        theirs = ("none fits | | |" if best is None else
+        ours = (f"{_mib(total)} | {flops / base_flops:.3f} | "
+                f"{_trip_flops(plan.jaxpr) / base_trips:.3f} | {times[1] / times[0]:.2f}")
+        theirs = ("none fits | | | |" if best is None else
                   f"{best}: {_mib(hand[best][1])} | {hand[best][2] / base_flops:.3f} | "
-                  f"{times[2] / times[0]:.2f}")
+                  f"{hand_trips[best]:.3f} | {times[2] / times[0]:.2f}")
         stacked = "; ".join(f"{len(d.stacked)} stacked, {len(d.rebuilt)} rebuilt "
                             f"({len(d.recomputed)} ops)" for d in plan.loops)
         lines.append(f"| {fraction:.0%} ({_mib(plan.limit_bytes)}) | {ours} | "
                      f"{'yes' if plan.met else 'NO'} | {stacked} | {seconds:.0f} s | "
                      f"{'yes' if same else 'NO'} | {theirs} |")
         print(lines[-1], flush=True)
-    hand_rows = "\n".join(f"| {n} | {_mib(t)} | {f / base_flops:.3f} |"
+    hand_rows = "\n".join(f"| {n} | {_mib(t)} | {f / base_flops:.3f} | {hand_trips[n]:.3f} |"
                           for n, (c, t, f) in hand.items())
     text = (
         f"Device: {jax.default_backend()}, jax {jax.__version__}. Scanned pre-LN "
-        f"transformer train step (optax Adam): {sizes}. Plain XLA footprint "
+        f"transformer{' (nested scans)' if args.groups > 1 else ''} "
+        f"train step (optax Adam): {sizes}. Plain XLA footprint "
         f"{_mib(base_total)} MiB. Footprints in MiB (XLA's argument + output + temp - "
         f"alias); FLOPs and step time as ratios to the plain program (median of "
-        f"{args.rounds} samples).\n\n"
-        "| limit (MiB) | remat.jit footprint | FLOPs | time | met | in the loop | "
-        "plan+compiles | same outputs | best hand policy within the limit: footprint | "
-        "FLOPs | time |\n|---|---|---|---|---|---|---|---|---|---|---|\n" +
+        f"{args.rounds} samples). FLOPs: XLA's `cost_analysis()`, which counts a loop "
+        "body once; FLOPs x trips: the op model's count, each loop body times its trip "
+        "count.\n\n"
+        "| limit (MiB) | remat.jit footprint | FLOPs | FLOPs x trips | time | met | "
+        "in the loop | plan+compiles | same outputs | best hand policy within the "
+        "limit: footprint | FLOPs | FLOPs x trips | time |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n" +
         "\n".join(lines) + "\n\nHand-written body policies (jax.checkpoint on the "
-        "block):\n\n| policy | footprint | FLOPs |\n|---|---|---|\n" + hand_rows + "\n")
-    out = result_file("loops_quick" if args.quick else "loops")
+        "block):\n\n| policy | footprint | FLOPs | FLOPs x trips |\n|---|---|---|---|\n" +
+        hand_rows + "\n")
+    name = "loops_nested" if args.groups > 1 else "loops"
+    out = result_file(f"{name}_quick" if args.quick else name)
     out.write_text(text)
     print(text)
 

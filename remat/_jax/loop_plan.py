@@ -4,12 +4,16 @@ Loops and the flat program around them are planned against one limit. Each
 loop's choices (:func:`remat.core.loops.loop_choices`, what it stacks per
 iteration) are merged into one sequence over all loops
 (:func:`remat.core.loops.combine`), from no recompute up; each is applied to the
-program (:func:`remat._jax.loops.rewrite_loops`) and read in XLA's figures. The
-cheapest choice whose program XLA reads within the limit is taken; when none is,
-the one that stacks the least. The flat search (``planner.py``) then plans the rewritten
-program against the same limit in bytes, so it recomputes outside the loops only
-what the loop choice leaves over the limit. A program without such loops goes to
-the flat search unchanged.
+program (:func:`remat._jax.loop_nest.rewrite_nests`) and read in XLA's figures.
+The cheapest choice whose program XLA reads within the limit is taken; when none
+is, the one that stacks the least. A loop whose body holds loops is planned with
+them (``loop_nest.py``): each of its choices is a choice of the inner loops and
+its own on the body they rewrote. The flat search (``planner.py``) then plans
+the rewritten program against the same limit in bytes, so it recomputes outside the loops only
+what the loop choice leaves over the limit. The two are not traded against each
+other: a loop choice that stacks more, paired with recompute outside the loops,
+is not tried (each such pair would take a flat search of its own, with its own
+compiles). A program without such loops goes to the flat search unchanged.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from remat._jax.plan_record import MemoryLimitError, Plan
 from remat._jax.program import Program
 from remat._jax.xla_figures import XlaFootprint
 from remat._jax.loop_split import segment_sizes, split_loops
-from remat._jax.loops import BodyMap, LoopPair, find_loops, loop_body, rewrite_loops
-from remat.core.loops import LoopChoice, combine, loop_choices
+from remat._jax.loop_nest import LoopNest, own_choice, plan_nests, rewrite_nests
+from remat._jax.loops import find_loops
+from remat.core.loops import NestedChoice, combine
 from remat.core.memlog import format_bytes
 from remat.core.options import RematOptions
 
@@ -47,6 +52,12 @@ class LoopDecision:
       stacked_bytes: bytes stacked, over all iterations (unsplit).
       split: the segment size if the loop runs in segments (its forward
         iterations then run twice; ``extra_flops`` counts it), else None.
+      within: the source line of the loop this one runs inside, if any.
+      runs: how many times the loop runs (the product of the trip counts of the
+        loops around it); ``extra_flops`` counts every run, ``stacked_bytes``
+        one.
+      holds_loops: whether loops run inside this one (their decisions follow
+        it); "as written" then means only that it rebuilds nothing itself.
     """
     source: str
     length: int
@@ -56,11 +67,15 @@ class LoopDecision:
     extra_flops: float
     stacked_bytes: int
     split: int | None = None
+    within: str | None = None
+    runs: int = 1
+    holds_loops: bool = False
 
     def __str__(self) -> str:
         kept = ", ".join(self.stacked) or "nothing"
-        text = (f"loop at {self.source} ({self.length} iterations): stacks {kept} "
-                f"({format_bytes(self.stacked_bytes)})")
+        where = f", inside the loop at {self.within}" if self.within else ""
+        text = (f"loop at {self.source} ({self.length} iterations{where}): stacks "
+                f"{kept} ({format_bytes(self.stacked_bytes)})")
         if self.rebuilt:
             text += (f"; rebuilds {', '.join(self.rebuilt)} by running "
                      f"{len(self.recomputed)} op(s) again per iteration")
@@ -69,12 +84,16 @@ class LoopDecision:
                      f"{self.split}, keeping the carry at each segment's start and "
                      "running each segment's forward iterations again")
         if not self.rebuilt and not self.split:
-            return text + ", as written"
+            return text + (", rebuilding nothing itself" if self.holds_loops
+                           else ", as written")
         return text + f" (+{self.extra_flops / 1e9:.2f} GFLOP)"
 
 
-def _describe(pair: LoopPair, bmap: BodyMap, choice: LoopChoice,
-              jaxpr: core.Jaxpr, split: int | None) -> LoopDecision:
+def _describe(nest: LoopNest, choice, split: int | None, runs: int = 1,
+              within: str | None = None) -> list[LoopDecision]:
+    """One decision for ``nest`` under ``choice``, then those of the loops inside."""
+    bmap = nest.variant(choice).bmap
+    own = own_choice(choice)
     graph = bmap.body.graph
 
     def name(v):
@@ -83,14 +102,19 @@ def _describe(pair: LoopPair, bmap: BodyMap, choice: LoopChoice,
             "input" if value.producer is None else graph.ops[value.producer].label)
         return f"{value.shape} ({made})"
 
-    stacked = [*choice.kept, *choice.carries]
-    return LoopDecision(
-        source_line(jaxpr.eqns[pair.forward]) or "unknown source", bmap.body.length,
-        tuple(name(v) for v in stacked), tuple(name(v) for v in choice.rebuilt),
+    stacked = [*own.kept, *own.carries]
+    length = bmap.body.length
+    source = source_line(nest.fwd) or "unknown source"
+    decisions = [LoopDecision(
+        source, length, tuple(name(v) for v in stacked), tuple(name(v) for v in own.rebuilt),
         tuple(f"{graph.ops[o].label} from {graph.ops[o].source or 'unknown source'}"
-              for o in choice.recompute),
-        (choice.flops + (sum(op.flops for op in graph.ops) if split else 0)) *
-        bmap.body.length, choice.stacked_bytes * bmap.body.length, split)
+              for o in own.recompute),
+        (own.flops + (sum(op.flops for op in graph.ops) if split else 0)) * length * runs,
+        own.stacked_bytes * length, split, within, runs, bool(nest.inner))]
+    if isinstance(choice, NestedChoice):
+        for inner, c in zip(nest.inner, choice.inner):
+            decisions += _describe(inner, c, None, runs * length, source)
+    return decisions
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -132,19 +156,18 @@ def plan_with_loops(program: Program, options: RematOptions,
     """``plan_flat(program, options)`` (the flat search), after choosing what
     each differentiated loop of ``program`` stacks."""
     flat = program.flat
-    pairs = find_loops(flat.jaxpr)
-    if not pairs:
-        return plan_flat(program, options)
     start = time.perf_counter()
-    maps = [loop_body(flat.jaxpr, p) for p in pairs]
-    frontiers = [loop_choices(m.body) for m in maps]
-    chain = combine(frontiers, [m.body.length for m in maps])
+    nests = plan_nests(flat.jaxpr)
+    if not nests:
+        return plan_flat(program, options)
+    pairs = [n.pair for n in nests]
+    frontiers = [n.frontier for n in nests]
+    chain = combine(frontiers, [n.length for n in nests])
     planning = time.perf_counter() - start
 
     def rewritten(k: int) -> core.ClosedJaxpr:
         choices = [front[i] for front, i in zip(frontiers, chain[k])]
-        return core.ClosedJaxpr(rewrite_loops(flat.jaxpr, pairs, maps, choices),
-                                flat.consts)
+        return core.ClosedJaxpr(rewrite_nests(flat.jaxpr, nests, choices), flat.consts)
 
     def footprint_of(closed: core.ClosedJaxpr) -> int:
         return XlaFootprint.of(program.compile(closed)).total
@@ -161,8 +184,8 @@ def plan_with_loops(program: Program, options: RematOptions,
     footprints[0] = baseline.total
     # The model's footprint of each choice: the plain one, less the bytes no
     # longer stacked, plus the rebuilt values the backward loops hold.
-    memory = [sum(front[i].memory(m.body.length)
-                  for front, i, m in zip(frontiers, c, maps)) for c in chain]
+    memory = [sum(front[i].memory(n.length) for front, i, n in zip(frontiers, c, nests))
+              for c in chain]
     chosen = _cheapest_within(footprint, [baseline.total - memory[0] + m for m in memory],
                               limit)
     best, size, reached = rewritten(chosen), None, footprint(chosen)
@@ -170,9 +193,9 @@ def plan_with_loops(program: Program, options: RematOptions,
         reached, best, chosen, size = _split(rewritten, reached, chosen, pairs, limit,
                                              footprint_of)
     t = time.perf_counter()
-    decisions = tuple(_describe(p, m, front[i], flat.jaxpr, size and size[n])
-                      for n, (p, m, front, i) in enumerate(
-                          zip(pairs, maps, frontiers, chain[chosen])))
+    decisions = tuple(d for k, (nest, front, i) in enumerate(
+        zip(nests, frontiers, chain[chosen]))
+        for d in _describe(nest, front[i], size and size[k]))
     planning += time.perf_counter() - t
     at_bytes = dataclasses.replace(options, memory_limit=limit)
     try:

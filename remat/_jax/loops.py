@@ -40,7 +40,8 @@ from remat._jax.op_model import primitive_cost
 from remat.core.graph import Graph, GraphBuilder
 from remat.core.loops import LoopBody, LoopChoice
 
-__all__ = ["LoopPair", "find_loops", "loop_body", "rewrite_loops"]
+__all__ = ["LoopPair", "BodyMap", "find_loops", "loop_body", "rewrite_loops", "rewrite_pair",
+           "live_eqns", "fresh_var", "unnamed", "jaxpr_flops"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +100,10 @@ def find_loops(jaxpr: core.Jaxpr) -> list[LoopPair]:
 
 # ------------------------------------------------------------------ body graph
 
-def _body_flops(jaxpr: core.Jaxpr) -> float:
-    """FLOPs of a (sub-)jaxpr, loops counted ``length`` times."""
+def jaxpr_flops(jaxpr: core.Jaxpr) -> float:
+    """FLOPs of a (sub-)jaxpr by the op model, a loop body counted ``length``
+    times (XLA's ``cost_analysis()`` counts a loop body once), a conditional by
+    its costliest branch."""
     total = 0.0
     for eqn in jaxpr.eqns:
         total += _eqn_flops(eqn)
@@ -111,10 +114,10 @@ def _eqn_flops(eqn: core.JaxprEqn) -> float:
     subs = [p for p in eqn.params.values() if isinstance(p, (core.Jaxpr, core.ClosedJaxpr))]
     branches = eqn.params.get("branches")
     if branches:
-        return max(_body_flops(getattr(b, "jaxpr", b)) for b in branches)
+        return max(jaxpr_flops(getattr(b, "jaxpr", b)) for b in branches)
     if subs:
         repeat = float(eqn.params.get("length", 1))
-        return repeat * sum(_body_flops(getattr(s, "jaxpr", s)) for s in subs)
+        return repeat * sum(jaxpr_flops(getattr(s, "jaxpr", s)) for s in subs)
     return primitive_cost(eqn)[0]
 
 
@@ -191,20 +194,22 @@ def rewrite_loops(jaxpr: core.Jaxpr, pairs: Sequence[LoopPair],
     eqns = list(jaxpr.eqns)
     for pair, bmap, choice in zip(pairs, maps, choices):
         if choice.rebuilt:
-            eqns[pair.forward], eqns[pair.backward] = _rewrite_pair(
+            eqns[pair.forward], eqns[pair.backward] = rewrite_pair(
                 eqns[pair.forward], eqns[pair.backward], pair, bmap, choice)
     return jaxpr.replace(eqns=eqns)
 
 
-def _fresh(v):
+def fresh_var(v):
+    """A new var of ``v``'s type (a var belongs to one jaxpr)."""
     return core.Var(v.aval)
 
 
-def _unknown_names(d):
+def unnamed(d):
+    """``d`` without argument and result names (a rewritten body's differ)."""
     return core.DebugInfo(d.traced_for, d.func_src_info, None, None)
 
 
-def _live_eqns(body: core.Jaxpr, outvars) -> list:
+def live_eqns(body: core.Jaxpr, outvars) -> list:
     """The equations of ``body`` that ``outvars`` need, and effectful ones."""
     needed = {v for v in outvars if isinstance(v, core.Var)}
     keep = []
@@ -215,7 +220,7 @@ def _live_eqns(body: core.Jaxpr, outvars) -> list:
     return keep[::-1]
 
 
-def _rewrite_pair(fwd: core.JaxprEqn, bwd: core.JaxprEqn, pair: LoopPair,
+def rewrite_pair(fwd: core.JaxprEqn, bwd: core.JaxprEqn, pair: LoopPair,
                   bmap: BodyMap, choice: LoopChoice):
     """The two equations of ``pair`` with ``choice`` applied."""
     graph = bmap.body.graph
@@ -228,8 +233,8 @@ def _rewrite_pair(fwd: core.JaxprEqn, bwd: core.JaxprEqn, pair: LoopPair,
     # Forward: drop the rebuilt stacks, stack the carries the rebuild needs.
     carry_vars = [bmap.vars[c] for c in choice.carries]
     f_outvars = [v for p, v in enumerate(fbody.outvars) if p not in dropped] + carry_vars
-    new_fbody = fbody.replace(outvars=f_outvars, eqns=_live_eqns(fbody, f_outvars),
-                              debug_info=_unknown_names(fbody.debug_info))
+    new_fbody = fbody.replace(outvars=f_outvars, eqns=live_eqns(fbody, f_outvars),
+                              debug_info=unnamed(fbody.debug_info))
     carry_stacks = [core.Var(core.unmapped_aval(length, 0, v.aval)) for v in carry_vars]
     f_out = [v for p, v in enumerate(fwd.outvars) if p not in dropped] + carry_stacks
     new_fwd = fwd.replace(outvars=f_out, params=dict(
@@ -253,28 +258,28 @@ def _rewrite_pair(fwd: core.JaxprEqn, bwd: core.JaxprEqn, pair: LoopPair,
     new_constvars, new_consts = [], []
     for cv, c in zip(fbody.constvars, fclosed.consts):
         if cv in reads and cv not in env:
-            env[cv] = _fresh(cv)
+            env[cv] = fresh_var(cv)
             new_constvars.append(env[cv])
             new_consts.append(c)
     extra_consts, extra_consts_in = [], []
     for v, outer in zip(fbody.invars[:fnc], fwd.invars[:fnc]):
         if v in reads and v not in env:
-            env[v] = _fresh(v)
+            env[v] = fresh_var(v)
             extra_consts.append(env[v])
             extra_consts_in.append(outer)
     extra_xs, extra_xs_in = [], []
     for v, outer in zip(fbody.invars[fnc + fncarry:], fwd.invars[fnc + fncarry:]):
         if v in reads and v not in env:
-            env[v] = _fresh(v)
+            env[v] = fresh_var(v)
             extra_xs.append(env[v])
             extra_xs_in.append(outer)
     for v, stack in zip(carry_vars, carry_stacks):
-        env[v] = _fresh(v)
+        env[v] = fresh_var(v)
         extra_xs.append(env[v])
         extra_xs_in.append(stack)
     body_eqns = []
     for e in recompute:
-        outs = [_fresh(v) for v in e.outvars]
+        outs = [fresh_var(v) for v in e.outvars]
         body_eqns.append(e.replace(invars=[env.get(v, v) if isinstance(v, core.Var)
                                            else v for v in e.invars], outvars=outs))
         env.update(zip(e.outvars, outs))
@@ -296,7 +301,7 @@ def _rewrite_pair(fwd: core.JaxprEqn, bwd: core.JaxprEqn, pair: LoopPair,
     new_bbody = core.Jaxpr(
         [*bbody.constvars, *new_constvars], b_invars, [sub(v) for v in bbody.outvars],
         body_eqns, effects=core.join_effects(*(e.effects for e in body_eqns)),
-        debug_info=_unknown_names(bbody.debug_info))
+        debug_info=unnamed(bbody.debug_info))
     params = dict(bwd.params, num_consts=bnc + len(extra_consts),
                   jaxpr=core.ClosedJaxpr(new_bbody, [*bclosed.consts, *new_consts]))
     if "linear" in params:

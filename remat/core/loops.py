@@ -18,6 +18,13 @@ Pareto frontier of the choices, from "stack everything" (no recompute) to "stack
 only the carries" (the most recompute), and :func:`combine` orders choices across
 several loops.
 
+Loops compose: a loop whose body holds differentiated loops of its own is planned
+on its body *as each choice of the inner loops rewrote it*. There the inner
+loop is one op whose outputs are its stacks (``inner length`` times what it
+stacks per iteration), so what the outer loop stacks per iteration already counts
+them; the inner loops' backward working sets add to the outer one's
+(:class:`NestedChoice`), and their recompute runs once per outer iteration.
+
 Example (a body ``y = tanh(x @ w)``, carry ``x``, residuals ``y`` and ``x``)::
 
     >>> from remat.core.graph import GraphBuilder
@@ -38,7 +45,8 @@ from collections.abc import Iterable, Sequence
 
 from remat.core.graph import Graph
 
-__all__ = ["LoopBody", "LoopChoice", "rebuild", "loop_choices", "combine"]
+__all__ = ["LoopBody", "LoopChoice", "NestedChoice", "rebuild", "loop_choices", "combine",
+           "spread"]
 
 #: Up to this many residuals that may be rebuilt, every subset is tried.
 EXHAUSTIVE_RESIDUALS = 12
@@ -103,6 +111,73 @@ class LoopChoice:
     def memory(self, length: int) -> int:
         """Bytes of the choice: the stacks and the backward body's extra values."""
         return length * self.stacked_bytes + self.working_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class NestedChoice:
+    """A choice for a loop whose body holds loops: the inner loops' choices, and
+    the outer loop's choice on its body as those rewrote it.
+
+    Attributes:
+      outer: the choice for the outer loop, on the rewritten body.
+      inner: one choice per inner loop (a :class:`LoopChoice` or, deeper, a
+        :class:`NestedChoice`).
+      inner_lengths: their trip counts.
+      variant: which combination of inner choices ``outer`` was planned on (an
+        index the adapter keeps; no meaning here).
+
+    Per outer iteration it stacks ``outer.stacked_bytes`` (the inner loops' stacks
+    the outer loop keeps are values of its body, so they are in there, each at
+    its inner length); its backward body holds ``outer.working_bytes`` plus the
+    largest inner working set (the inner backward loops run one after another);
+    it runs ``outer.flops`` again plus each inner loop's FLOPs times its length.
+
+    >>> a = LoopChoice((), (), (), (), 100, 10, 2.0)
+    >>> n = NestedChoice(LoopChoice((), (), (), (), 40, 5, 1.0), (a,), (3,), 0)
+    >>> n.stacked_bytes, n.working_bytes, n.flops, n.memory(4)
+    (40, 15, 7.0, 175)
+    """
+    outer: LoopChoice
+    inner: tuple
+    inner_lengths: tuple[int, ...]
+    variant: int
+
+    @property
+    def stacked_bytes(self) -> int:
+        return self.outer.stacked_bytes
+
+    @property
+    def working_bytes(self) -> int:
+        return self.outer.working_bytes + max((c.working_bytes for c in self.inner),
+                                              default=0)
+
+    @property
+    def flops(self) -> float:
+        return self.outer.flops + sum(n * c.flops
+                                      for c, n in zip(self.inner, self.inner_lengths))
+
+    @property
+    def rebuilt(self) -> tuple[int, ...]:
+        """The outer loop's rebuilt residuals."""
+        return self.outer.rebuilt
+
+    def memory(self, length: int) -> int:
+        """Bytes of the choice: the stacks and the backward bodies' extra values."""
+        return length * self.stacked_bytes + self.working_bytes
+
+
+def spread(count: int, most: int) -> list[int]:
+    """At most ``most`` indices into a sequence of ``count``, evenly spread, the
+    first and the last included.
+
+    >>> spread(10, 4), spread(3, 5)
+    ([0, 3, 6, 9], [0, 1, 2])
+    """
+    if most < 2:
+        raise ValueError(f"spread: most must be at least 2, got {most}")
+    if count <= most:
+        return list(range(count))
+    return sorted({round(i * (count - 1) / (most - 1)) for i in range(most)})
 
 
 def rebuild(body: LoopBody, rebuilt: Iterable[int],
@@ -216,9 +291,10 @@ def _by_producer_cost(body: LoopBody) -> Iterable[frozenset[int]]:
 
 def _by_intensity(body: LoopBody) -> Iterable[frozenset[int]]:
     """Drop sets that rebuild only through cheap ops, one per threshold on an op's
-    arithmetic intensity (FLOPs per byte it reads or writes): in the body's order, a residual is kept if rebuilding
-    it from what is at hand (inputs, carries, residuals kept so far) runs an op at
-    or above the threshold, else rebuilt. These are the "save what the matmuls
+    arithmetic intensity (FLOPs per byte it reads or writes): in the body's
+    order, a residual is kept if rebuilding it from what is at hand (inputs,
+    carries, residuals kept so far) runs an op at or above the threshold, else
+    rebuilt. These are the "save what the matmuls
     make" choices, wherever a reshape or an activation sits between the matmul
     and the residual."""
     graph = body.graph

@@ -129,3 +129,39 @@ def test_docstring_examples():
     import doctest
     result = doctest.testmod(loops, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_nested_choices_compose_memory_and_flops():
+    inner_front = loop_choices(_mlp_body())                  # an 8-iteration loop
+    deepest, lightest = inner_front[-1], inner_front[0]
+    outer = loop_choices(_mlp_body())
+    two = loops.NestedChoice(outer[1], (deepest, lightest), (8, 3), 0)
+    assert two.stacked_bytes == outer[1].stacked_bytes
+    assert two.working_bytes == outer[1].working_bytes + max(deepest.working_bytes,
+                                                             lightest.working_bytes)
+    assert two.flops == outer[1].flops + 8 * deepest.flops + 3 * lightest.flops
+    assert two.memory(5) == 5 * two.stacked_bytes + two.working_bytes
+    # Deeper: a nested choice inside a nested choice counts its whole recompute.
+    three = loops.NestedChoice(outer[0], (two,), (4,), 1)
+    assert three.flops == outer[0].flops + 4 * two.flops
+    assert three.working_bytes == outer[0].working_bytes + two.working_bytes
+    assert three.rebuilt == outer[0].rebuilt
+    # The frontier over nested choices of several variants keeps the best of each.
+    mixed = [loops.NestedChoice(c, (i,), (8,), k) for k, i in enumerate(inner_front)
+             for c in outer]
+    front = pareto(8, mixed)
+    for c in mixed:
+        assert any(f.flops <= c.flops and f.memory(8) <= c.memory(8) for f in front)
+
+
+@pytest.mark.parametrize("count", range(1, 30))
+@pytest.mark.parametrize("most", [2, 3, 6])
+def test_spread_keeps_the_ends_and_at_most_most(count, most):
+    picked = loops.spread(count, most)
+    assert picked[0] == 0 and picked[-1] == count - 1
+    assert len(picked) == min(count, most) and picked == sorted(set(picked))
+
+
+def test_spread_refuses_fewer_than_two():
+    with pytest.raises(ValueError, match="most must be at least 2, got 1"):
+        loops.spread(5, 1)
