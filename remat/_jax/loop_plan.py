@@ -170,7 +170,7 @@ def plan_with_loops(program: Program, options: RematOptions,
         return core.ClosedJaxpr(rewrite_nests(flat.jaxpr, nests, choices), flat.consts)
 
     def footprint_of(closed: core.ClosedJaxpr) -> int:
-        return XlaFootprint.of(program.compile(closed)).total
+        return XlaFootprint.of(program.compile(closed, measure_only=True)).total
 
     footprints: dict[int, int] = {}
 
@@ -179,7 +179,7 @@ def plan_with_loops(program: Program, options: RematOptions,
             footprints[k] = footprint_of(rewritten(k))
         return footprints[k]
 
-    baseline = XlaFootprint.of(program.compile(flat))
+    baseline = XlaFootprint.of(program.compile(flat, measure_only=True))
     limit = baseline.limit_bytes(options.memory_limit)
     footprints[0] = baseline.total
     # The model's footprint of each choice: the plain one, less the bytes no
