@@ -129,8 +129,9 @@ class Planner:
         """The planner's floor on an order with a small-node limit (model bytes)."""
         key = (order, small, algorithm)
         if key not in self._floors:
-            self._floors[key] = planner_floor(self.program.graph, self.orders[order].timeline,
-                                              small, may_recompute(algorithm))
+            self._floors[key] = planner_floor(self.program.graph,
+                                              self.orders[order].timeline, small,
+                                              may_recompute(algorithm))
         return self._floors[key]
 
     def small_node_bytes(self, order: int, target: int, algorithm: str) -> int:

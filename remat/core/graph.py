@@ -5,9 +5,13 @@ A :class:`Graph` is a dataflow DAG of *values* (buffers, with a size in bytes) a
 ``graph.ops[o]``. Program inputs are live from the start (and, unless donated, to
 the end); program outputs are live from their definition to the end.
 
-The graph is immutable; derived facts (users of each value, a topological order of
-the ops) are computed once when it is built. Planning functions are pure functions
-over it. Nothing here knows about JAX: adapters (``remat._jax.to_graph``) build it.
+The rule: a graph never changes once made. Its derived facts (the users of each
+value, each op's neighbours, a topological order, the fusion of
+``remat.core.fusion``) are pure functions of it, worked out when it is built;
+nothing is written on it afterwards. What planners work out about the graph on
+one order of its ops lives in a :class:`remat.core.scheduled.Scheduled`, which
+they receive. Nothing here knows about JAX: adapters (``remat._jax.to_graph``)
+build it.
 
 Example::
 
@@ -16,13 +20,18 @@ Example::
     >>> (y,) = b.add_op("sin", [x], [400], flops=100, transcendentals=100)
     >>> (z,) = b.add_op("reduce_sum", [y], [4], flops=100)
     >>> g = b.build(outputs=[z])
-    >>> g.topological_order
-    (0, 1)
+    >>> g.topological_order, g.users
+    ((0, 1), ((0,), (1,), ()))
+    >>> g.users = ()
+    Traceback (most recent call last):
+    ...
+    dataclasses.FrozenInstanceError: cannot assign to field 'users'
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from .fusion import Fusion, fusion_of
@@ -88,7 +97,9 @@ class Graph:
     """An immutable dataflow graph (see the module docstring).
 
     Every attribute is set when the graph is made and never changes: the derived
-    ones are pure functions of the others. Nothing about a schedule lives here;
+    ones are pure functions of the others (for a graph :meth:`rewired` made,
+    ``predecessors`` and ``successors``, which planners do not read there, are
+    worked out on first use). Nothing about a schedule lives here;
     what algorithms know of the graph on one order of its ops is a
     :class:`remat.core.scheduled.Scheduled`.
 
@@ -118,14 +129,12 @@ class Graph:
     outputs: tuple[int, ...]
     donated: frozenset[int] = frozenset()
     users: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False)
-    predecessors: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False)
-    successors: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False)
     topological_order: tuple[int, ...] = dataclasses.field(init=False, repr=False)
     fusion: Fusion = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_ids(self)
-        self._set(**_edges(self))
+        self._set(**_edges(self, users=True))
         self._set(topological_order=_topological_order(self))
         self._set(fusion=fusion_of(self))
 
@@ -141,16 +150,29 @@ class Graph:
         other values, as a planner rewriting a checked graph makes it: ``values``
         and ``ops`` start with ``base``'s (same ids), ``changed`` names every op
         that is new or reads other values than in ``base``, and ``order`` is a
-        topological order. Nothing is checked, and the derived fields are
+        topological order. Nothing is checked: ``users`` and ``fusion`` are
         ``base``'s with what the changed ops touch redone (a rewrite touches a
-        few ops of a big program, and planners make many rewrites); they equal
-        those of the same graph built whole."""
+        few ops of a big program, and planners make many rewrites), and
+        ``predecessors`` and ``successors`` are worked out on first use; each
+        equals that of the same graph built whole."""
         graph = object.__new__(cls)
         graph._set(values=values, ops=ops, inputs=base.inputs, outputs=base.outputs,
                    donated=base.donated, topological_order=order)
-        graph._set(**_edges_after_rewiring(graph, base, changed))
+        graph._set(users=_users_after_rewiring(graph, base, changed))
         graph._set(fusion=fusion_of(graph, base, changed))
         return graph
+
+    @functools.cached_property
+    def predecessors(self) -> tuple[tuple[int, ...], ...]:
+        """For each op, the ids of the ops it reads from (each once, in operand
+        order). Derived."""
+        return _edges(self, users=False)["predecessors"]
+
+    @functools.cached_property
+    def successors(self) -> tuple[tuple[int, ...], ...]:
+        """For each op, the ids of the ops that read from it (each once, in id
+        order). Derived."""
+        return _edges(self, users=False)["successors"]
 
     @property
     def num_ops(self) -> int:
@@ -173,70 +195,58 @@ class Graph:
                 f"{len(self.inputs)} inputs, {len(self.outputs)} outputs)")
 
 
-def _edges(graph: Graph) -> dict[str, tuple]:
-    """The derived fields users, predecessors and successors, worked out whole."""
-    users: list[list[int]] = [[] for _ in graph.values]
+def _edges(graph: Graph, users: bool) -> dict[str, tuple]:
+    """The derived fields predecessors and successors (and with ``users``,
+    users), worked out whole."""
+    readers: list[list[int]] = [[] for _ in graph.values]
     predecessors: list[tuple[int, ...]] = []
     successors: list[list[int]] = [[] for _ in graph.ops]
     values = graph.values
     for op_id, op in enumerate(graph.ops):
         preds: dict[int, None] = {}
         for v in op.inputs:
-            u = users[v]
-            if not u or u[-1] != op_id:  # ops are visited in id order
-                u.append(op_id)
+            if users:
+                u = readers[v]
+                if not u or u[-1] != op_id:  # ops are visited in id order
+                    u.append(op_id)
             p = values[v].producer
             if p is not None:
                 preds[p] = None
         predecessors.append(tuple(preds))
         for p in preds:
             successors[p].append(op_id)
-    return dict(users=tuple(tuple(u) for u in users), predecessors=tuple(predecessors),
-                successors=tuple(tuple(s) for s in successors))
+    edges = dict(predecessors=tuple(predecessors),
+                 successors=tuple(tuple(s) for s in successors))
+    if users:
+        edges["users"] = tuple(tuple(u) for u in readers)
+    return edges
 
 
-def _edges_after_rewiring(graph: Graph, base: Graph, changed: Sequence[int]
-                          ) -> dict[str, tuple]:
-    """:func:`_edges` of ``graph``, made from ``base`` by appending ops and
-    values and rewiring the ops in ``changed``: ``base``'s, with the edges of
-    the changed ops redone."""
-    values, ops = graph.values, graph.ops
+def _users_after_rewiring(graph: Graph, base: Graph, changed: Sequence[int]
+                          ) -> tuple[tuple[int, ...], ...]:
+    """The users of ``graph``, made from ``base`` by appending ops and values
+    and rewiring the ops in ``changed``: ``base``'s, with the edges of the
+    changed ops redone."""
     n_old = len(base.ops)
-    users = list(base.users) + [()] * (len(values) - len(base.values))
-    predecessors = list(base.predecessors) + [()] * (len(ops) - n_old)
-    successors = list(base.successors) + [()] * (len(ops) - n_old)
-    _rewire(users, ((o, base.ops[o].inputs if o < n_old else (), ops[o].inputs)
-                    for o in changed))
-    rewired_preds = []
+    users = list(base.users) + [()] * (len(graph.values) - len(base.values))
+    gone: dict[int, set[int]] = {}      # values a changed op no longer reads
+    new: dict[int, dict[int, None]] = {}   # values a changed op reads now
     for o in changed:
-        before = predecessors[o]
-        predecessors[o] = tuple(dict.fromkeys(
-            p for v in ops[o].inputs if (p := values[v].producer) is not None))
-        rewired_preds.append((o, before, predecessors[o]))
-    _rewire(successors, rewired_preds)
-    return dict(users=tuple(users), predecessors=tuple(predecessors),
-                successors=tuple(successors))
-
-
-def _rewire(readers: list[tuple[int, ...]], edges) -> None:
-    """Updates ``readers`` (for each node, the ops reading it, in id order) for
-    ops that read other nodes: ``edges`` gives ``(op, read before, read now)``."""
-    gone: dict[int, set[int]] = {}      # nodes an op no longer reads
-    new: dict[int, dict[int, None]] = {}   # nodes an op reads now
-    for o, before, now in edges:
-        for v in before:
-            gone.setdefault(v, set()).add(o)
-        for v in now:
+        if o < n_old:
+            for v in base.ops[o].inputs:
+                gone.setdefault(v, set()).add(o)
+        for v in graph.ops[o].inputs:
             new.setdefault(v, {})[o] = None
     for v, added in new.items():
-        if v in gone or readers[v]:
-            kept = set(readers[v]).difference(gone.get(v, ()))
+        if v in gone or users[v]:
+            kept = set(users[v]).difference(gone.get(v, ()))
             kept.update(added)
-            readers[v] = tuple(sorted(kept))
-        else:           # a new node: only new readers
-            readers[v] = tuple(sorted(added))
+            users[v] = tuple(sorted(kept))
+        else:           # a new value: only new readers
+            users[v] = tuple(sorted(added))
     for v in gone.keys() - new.keys():
-        readers[v] = tuple(sorted(set(readers[v]).difference(gone[v])))
+        users[v] = tuple(sorted(set(users[v]).difference(gone[v])))
+    return tuple(users)
 
 
 def _check_ids(graph: Graph) -> None:
