@@ -168,7 +168,7 @@ def main() -> None:
         return [column.estimate(limit)]
 
     def unet_targets(planner, column, limit):
-        timeline = planner.orders[0][1]
+        timeline = planner.orders[0].timeline
         floor = column.plan(0).model_peak
         temps = timeline.peak_bytes - timeline.input_bytes - timeline.output_bytes
         step = max(int(_TARGET_STEP * temps), 1)

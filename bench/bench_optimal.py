@@ -34,8 +34,8 @@ from bench.output import result_file
 from remat._jax.program import CallSpec, trace_program
 from remat.core.algorithms import get_algorithm
 from remat.core.options import RematOptions
+from remat.core.scheduled import on_schedule
 from remat.core.schedulers import get_scheduler
-from remat.core.simulate import simulate
 
 PROGRAMS = {
     "mlp_chain (12 layers)": lambda: models.mlp_chain(layers=12),
@@ -58,8 +58,10 @@ def planner_rows(name: str, limits) -> list[str]:
     program, _ = trace_program(jax.grad(model.loss_fn), (model.params, model.batch), {},
                                CallSpec(), {})
     graph = program.graph
-    schedule = get_scheduler("best")(graph)
-    base = simulate(graph, schedule)
+    # one Scheduled for every limit and algorithm: what one plan works out of
+    # the order serves the next, as in the planner
+    scheduled = on_schedule(graph, get_scheduler("best")(graph))
+    base = scheduled.timeline
     fixed = base.input_bytes + base.output_bytes
     lines = []
     for fraction in limits:
@@ -68,7 +70,7 @@ def planner_rows(name: str, limits) -> list[str]:
         for algorithm in ALGORITHMS:
             start = time.perf_counter()
             results[algorithm] = get_algorithm(algorithm)(
-                graph, schedule, RematOptions(limit, algorithm, small_node_bytes=0))
+                scheduled, RematOptions(limit, algorithm, small_node_bytes=0))
             results[algorithm] = (results[algorithm], time.perf_counter() - start)
         opt = results["optimal"][0]
         for algorithm in ALGORITHMS:

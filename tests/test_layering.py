@@ -53,6 +53,7 @@ for info in pkgutil.walk_packages(remat.core.__path__, "remat.core."):
 from remat.core.algorithms import get_algorithm
 from remat.core.graph import GraphBuilder
 from remat.core.options import RematOptions
+from remat.core.scheduled import on_schedule
 from remat.core.simulate import simulate
 
 b = GraphBuilder()
@@ -69,7 +70,8 @@ order = tuple(range(graph.num_ops))
 base = simulate(graph, order)
 fixed = base.input_bytes + base.output_bytes
 limit = fixed + 6 * (base.peak_bytes - fixed) // 10
-result = get_algorithm("path")(graph, order, RematOptions(limit, "path", small_node_bytes=0))
+result = get_algorithm("path")(on_schedule(graph, order),
+                              RematOptions(limit, "path", small_node_bytes=0))
 assert result.met and result.timeline.peak_bytes < base.peak_bytes, (limit, result.timeline.peak_bytes)
 assert result.extra_flops > 0
 

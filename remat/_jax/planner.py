@@ -28,10 +28,11 @@ from remat.core.algorithms import (PlanResult, consolidated, get_algorithm,
 from remat.core.bounds import planner_floor
 from remat.core.gc_pause import gc_paused
 from remat.core.options import PORTFOLIO, RematOptions
+from remat.core.scheduled import Scheduled, on_schedule
 from remat.core.schedulers import get_scheduler
 from remat.core.schedulers.best import ranked_schedules
 from remat.core.search import Candidate, Column, Frontier, Point, rungs
-from remat.core.simulate import Timeline, simulate
+from remat.core.simulate import Timeline
 
 __all__ = ["Measured", "Planner", "planner_for", "PORTFOLIO_ALGORITHMS",
            "OPTIMAL_MAX_OPS"]
@@ -70,7 +71,8 @@ class Planner:
       options: the settings (``algorithm``, ``scheduler``, small-node limit, ...).
       baseline: XLA's footprint of the program as written.
       frontier: the search's points (:class:`remat.core.search.Frontier`).
-      orders: the orders planned on, with their simulations.
+      orders: the orders planned on, each with its simulation and what the
+        plans on it share (a :class:`~remat.core.scheduled.Scheduled`).
       plan_seconds, compile_seconds: time spent planning and rewriting, and in
         XLA's compiles (the plain program's included), since the planner was made.
       answers: how many limits it has answered.
@@ -84,10 +86,12 @@ class Planner:
         graph = program.graph
         with gc_paused():
             if options.scheduler == "best":
-                self.orders = ranked_schedules(graph)
+                self.orders: list[Scheduled] = [
+                    on_schedule(graph, order, timeline=timeline, check=False)
+                    for order, timeline in ranked_schedules(graph)]
             else:
                 order = get_scheduler(options.scheduler)(graph)
-                self.orders = [(order, simulate(graph, order, check=False))]
+                self.orders = [on_schedule(graph, order, check=False)]
         self.plan_seconds += time.perf_counter() - start
         t = time.perf_counter()
         compiled = program.compile(program.flat, measure_only=True)
@@ -158,8 +162,9 @@ class Planner:
         """The planner's floor on an order with a small-node limit (model bytes)."""
         key = (order, small, algorithm)
         if key not in self._floors:
-            self._floors[key] = planner_floor(self.program.graph, self.orders[order][1],
-                                              small, may_recompute(algorithm))
+            self._floors[key] = planner_floor(self.program.graph,
+                                              self.orders[order].timeline, small,
+                                              may_recompute(algorithm))
         return self._floors[key]
 
     def small_node_bytes(self, order: int, target: int, algorithm: str) -> int:
@@ -174,7 +179,8 @@ class Planner:
         return small if self.floor(order, small, algorithm) <= target else 0
 
     def _column(self, algorithm: str, order: int) -> Column:
-        schedule, timeline = self.orders[order]
+        scheduled = self.orders[order]
+        timeline = scheduled.timeline
         least = 0 if not self.options.small_node_given else self.options.small_node_bytes
         peak = timeline.peak_bytes
         scratch = self.baseline.scratch
@@ -201,12 +207,11 @@ class Planner:
                                           algorithm=algorithm, small_node_bytes=small,
                                           solver_seconds=seconds)
             with gc_paused():
-                result = get_algorithm(algorithm)(self.program.graph, schedule, options)
+                result = get_algorithm(algorithm)(scheduled, options)
                 if not result.met and algorithm != "optimal":
                     # Regions are merged only within the target; a plan that missed
                     # it is merged within its own peak: the same peak, less recompute.
-                    result = consolidated(self.program.graph, schedule, result,
-                                          result.timeline.peak_bytes)
+                    result = consolidated(scheduled, result, result.timeline.peak_bytes)
             self.plan_seconds += time.perf_counter() - start
             cand = Candidate(result.regions, result.timeline.peak_bytes,
                              result.extra_flops, (result, small, None))
@@ -236,14 +241,15 @@ class Planner:
 
     def _plain_result(self) -> PlanResult:
         """The result of planning nothing (the program as written)."""
-        schedule, timeline = self.orders[0]
-        options = dataclasses.replace(self.options, model_target_bytes=timeline.peak_bytes,
+        scheduled = self.orders[0]
+        options = dataclasses.replace(self.options,
+                                      model_target_bytes=scheduled.timeline.peak_bytes,
                                       algorithm="path", small_node_bytes=0)
-        return get_algorithm("path")(self.program.graph, schedule, options)
+        return get_algorithm("path")(scheduled, options)
 
     def model_timeline(self) -> Timeline:
         """The simulation of the program as written, on the first order."""
-        return self.orders[0][1]
+        return self.orders[0].timeline
 
 
 def fallback_lowering(compiled: Any, jaxpr: core.Jaxpr) -> str | None:

@@ -19,13 +19,29 @@ simulator handles that with *anchors*, see ``remat.core.simulate``).
 Known gaps: XLA also folds some transposes into dots, turns some reshapes into free
 bitcasts, reuses a dying operand's buffer for an elementwise result, and refuses
 fusions that would grow too large; none of that is modelled.
+
+A graph's fusion is worked out once, when the graph is made (``Graph.fusion``, a
+:class:`Fusion`); the functions below read it.
+
+Example::
+
+    >>> from remat.core.graph import GraphBuilder
+    >>> b = GraphBuilder()
+    >>> x = b.add_input(400)
+    >>> (y,) = b.add_op("sin", [x], [400], fusion="loop")
+    >>> (z,) = b.add_op("reduce_sum", [y], [4], fusion="reduce")
+    >>> fused_values(b.build(outputs=[z]))     # y never exists in memory
+    (False, True, False)
 """
 
 from __future__ import annotations
 
-from .graph import Graph
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
-__all__ = ["fused_values", "fused_ops", "resident_bytes"]
+if TYPE_CHECKING:       # graph.py works out a graph's fusion when it is made
+    from .graph import Graph
+
+__all__ = ["Fusion", "fusion_of", "fused_values", "fused_ops", "resident_bytes"]
 
 _ABSORBS_FUSED_PRODUCERS = ("loop", "reduce")
 
@@ -34,56 +50,79 @@ _ABSORBS_FUSED_PRODUCERS = ("loop", "reduce")
 _EXPANSION = 8
 
 
-def fused_values(graph: Graph) -> list[bool]:
+class Fusion(NamedTuple):
+    """The fusion of one graph (``Graph.fusion``, worked out when it is made).
+
+    Attributes:
+      fused: for each value id, whether a fusing compiler keeps it out of memory.
+      fusion_id: for each op id, its own id if it is not fused into its readers,
+        a reader's fusion id if all of them are in that one, or an id no other op
+        has (negative) if it is duplicated into several.
+      in_fusion: for each op id, whether it runs inside the fusion of the ops
+        reading its results (every value it defines is fused), so at the last
+        of them.
+      resident: for each value id, the bytes it occupies (0 if fused).
+    """
+
+    fused: tuple[bool, ...]
+    fusion_id: tuple[int, ...]
+    in_fusion: tuple[bool, ...]
+    resident: tuple[int, ...]
+
+
+def fused_values(graph: Graph) -> tuple[bool, ...]:
     """For each value id, whether a fusing compiler keeps it out of memory."""
-    return _fusion(graph)[0]
+    return graph.fusion.fused
 
 
-def fused_ops(graph: Graph) -> list[bool]:
+def fused_ops(graph: Graph) -> tuple[bool, ...]:
     """For each op id, whether it runs inside the fusion of the ops reading its
     results (every value it defines is fused), so at the last of them."""
-    return [fusion != op for op, fusion in enumerate(_fusion(graph)[1])]
+    return graph.fusion.in_fusion
 
 
-def _fusion(graph: Graph) -> tuple[list[bool], list[int]]:
-    """Each value's fused flag and each op's fusion id, worked out once per
-    graph. A graph a plan rewrote (:meth:`Graph.rewired`) starts from its
-    base's and redoes only the ops whose readers changed, and those upstream of
-    them whose fusion changed in turn (the answer is the same as from scratch:
-    an op's fusion depends only on its values' readers)."""
-    known = graph.__dict__.get("_fusion")
-    if known is None:
-        if graph.rewired_from is None:
-            known = _fusion_from_scratch(graph)
-        else:
-            known = _fusion_after_rewiring(graph, *graph.rewired_from)
-        object.__setattr__(graph, "_fusion", known)
-    return known
+def resident_bytes(graph: Graph) -> tuple[int, ...]:
+    """For each value id, the bytes it occupies once fusion is accounted for."""
+    return graph.fusion.resident
+
+
+def fusion_of(graph: Graph, base: Graph | None = None,
+              changed: Sequence[int] = ()) -> Fusion:
+    """The fusion of ``graph``, whose other derived fields are set. For a graph
+    made from ``base`` by appending ops and values and rewiring the ops in
+    ``changed`` (:meth:`Graph.rewired`), it starts from ``base``'s and redoes
+    only the ops whose readers changed, and those upstream of them whose fusion
+    changed in turn (the answer is the same as from scratch: an op's fusion
+    depends only on its values' readers)."""
+    if base is None or 2 * len(changed) > len(base.ops):   # (starting over costs less)
+        fused, fusion_id = _fusion_from_scratch(graph)
+    else:
+        fused, fusion_id = _fusion_after_rewiring(graph, base, changed)
+    return Fusion(tuple(fused), tuple(fusion_id),
+                  tuple(f != op for op, f in enumerate(fusion_id)),
+                  tuple(0 if f else value.nbytes for f, value in zip(fused, graph.values)))
 
 
 def _fusion_from_scratch(graph: Graph) -> tuple[list[bool], list[int]]:
     """Each value's fused flag, and each op's fusion id (see :func:`_settle`)."""
     fused = [False] * len(graph.values)
-    fusion_of = list(range(len(graph.ops)))
+    fusion_id = list(range(len(graph.ops)))
     ops = graph.ops
     # last one first: in reverse topological order, an op's readers are settled
     # before it, and nothing is settled twice
     _settle(graph, [o for o in graph.topological_order if ops[o].fusion == "loop"],
-            fused, fusion_of, upstream=False)
-    return fused, fusion_of
+            fused, fusion_id, upstream=False)
+    return fused, fusion_id
 
 
-def _fusion_after_rewiring(graph: Graph, base: Graph, changed: tuple[int, ...]
+def _fusion_after_rewiring(graph: Graph, base: Graph, changed: Sequence[int]
                            ) -> tuple[list[bool], list[int]]:
     """:func:`_fusion_from_scratch` of ``graph``, made from ``base`` by appending
     ops and values and rewiring the ops in ``changed``, redoing only what moved."""
     n_old = len(base.ops)
-    if 2 * len(changed) > n_old:   # (starting over costs less)
-        return _fusion_from_scratch(graph)
-    fused_before, fusion_before = _fusion(base)
     ops, values = graph.ops, graph.values
-    fused = fused_before + [False] * (len(values) - len(base.values))
-    fusion_of = fusion_before + list(range(n_old, len(ops)))
+    fused = list(base.fusion.fused) + [False] * (len(values) - len(base.values))
+    fusion_id = list(base.fusion.fusion_id) + list(range(n_old, len(ops)))
     # ops to settle again: the new ones, and the producers of every value
     # whose readers changed
     dirty = set()
@@ -96,13 +135,13 @@ def _fusion_after_rewiring(graph: Graph, base: Graph, changed: tuple[int, ...]
     dirty.discard(None)
     # in topological order, so that (last first) an op's readers are settled first
     _settle(graph, [o for o in graph.topological_order
-                    if o in dirty and ops[o].fusion == "loop"], fused, fusion_of,
+                    if o in dirty and ops[o].fusion == "loop"], fused, fusion_id,
             upstream=True)
-    return fused, fusion_of
+    return fused, fusion_id
 
 
 def _settle(graph: Graph, stack: list[int], fused: list[bool],
-            fusion_of: list[int], upstream: bool) -> None:
+            fusion_id: list[int], upstream: bool) -> None:
     """Settles the ``"loop"`` ops on ``stack``, last first (and with
     ``upstream``, again any op upstream whose readers' fusion moved): sets
     ``fused`` for each one's values from their readers' fusions, and its fusion
@@ -126,7 +165,7 @@ def _settle(graph: Graph, stack: list[int], fused: list[bool],
                     ops[u].fusion in _ABSORBS_FUSED_PRODUCERS for u in readers):
                 all_fused = False
                 continue
-            reader_fusions = {fusion_of[u] for u in readers}
+            reader_fusions = {fusion_id[u] for u in readers}
             if len(reader_fusions) > 1:
                 if read_bytes < 0:
                     read_bytes = sum(values[i].nbytes for i in set(op.inputs))
@@ -139,18 +178,12 @@ def _settle(graph: Graph, stack: list[int], fused: list[bool],
             fusion = op_id
         else:
             fusion = targets.pop() if len(targets) == 1 else -1 - op_id
-        if fusion == fusion_of[op_id]:
+        if fusion == fusion_id[op_id]:
             continue
-        fusion_of[op_id] = fusion
+        fusion_id[op_id] = fusion
         if upstream:
             for v in op.inputs:
                 p = values[v].producer
                 if p is not None and p not in pending and ops[p].fusion == "loop":
                     pending.add(p)
                     stack.append(p)
-
-
-def resident_bytes(graph: Graph) -> list[int]:
-    """For each value id, the bytes it occupies once fusion is accounted for."""
-    fused = fused_values(graph)
-    return [0 if f else value.nbytes for f, value in zip(fused, graph.values)]

@@ -5,9 +5,13 @@ A :class:`Graph` is a dataflow DAG of *values* (buffers, with a size in bytes) a
 ``graph.ops[o]``. Program inputs are live from the start (and, unless donated, to
 the end); program outputs are live from their definition to the end.
 
-The graph is immutable; derived facts (users of each value, a topological order of
-the ops) are computed once when it is built. Planning functions are pure functions
-over it. Nothing here knows about JAX: adapters (``remat._jax.to_graph``) build it.
+The rule: a graph never changes once made. Its derived facts (the users of each
+value, each op's neighbours, a topological order, the fusion of
+``remat.core.fusion``) are pure functions of it, worked out when it is built;
+nothing is written on it afterwards. What planners work out about the graph on
+one order of its ops lives in a :class:`remat.core.scheduled.Scheduled`, which
+they receive. Nothing here knows about JAX: adapters (``remat._jax.to_graph``)
+build it.
 
 Example::
 
@@ -16,14 +20,21 @@ Example::
     >>> (y,) = b.add_op("sin", [x], [400], flops=100, transcendentals=100)
     >>> (z,) = b.add_op("reduce_sum", [y], [4], flops=100)
     >>> g = b.build(outputs=[z])
-    >>> g.topological_order
-    (0, 1)
+    >>> g.topological_order, g.users
+    ((0, 1), ((0,), (1,), ()))
+    >>> g.users = ()
+    Traceback (most recent call last):
+    ...
+    dataclasses.FrozenInstanceError: cannot assign to field 'users'
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+import functools
+from typing import Any, Iterable, NamedTuple, Sequence
+
+from .fusion import Fusion, fusion_of
 
 __all__ = ["Value", "Op", "Graph", "GraphBuilder", "GraphError", "FUSION_KINDS"]
 
@@ -85,6 +96,13 @@ class Op(NamedTuple):
 class Graph:
     """An immutable dataflow graph (see the module docstring).
 
+    Every attribute is set when the graph is made and never changes: the derived
+    ones are pure functions of the others (for a graph :meth:`rewired` made,
+    ``predecessors`` and ``successors``, which planners do not read there, are
+    worked out on first use). Nothing about a schedule lives here;
+    what algorithms know of the graph on one order of its ops is a
+    :class:`remat.core.scheduled.Scheduled`.
+
     Attributes:
       values: every value; its id is its index.
       ops: every op; its id is its index.
@@ -94,15 +112,15 @@ class Graph:
         are freed after their last use instead of living to the end.
       users: for each value, the ids of the ops that read it (each op once, in id
         order). Derived.
-      predecessors: for each op, the ids of the ops it reads from (each once). Derived.
+      predecessors: for each op, the ids of the ops it reads from (each once, in
+        operand order). Derived.
       successors: for each op, the ids of the ops that read from it (each once, in
         id order). Derived.
       topological_order: the op ids in a topological order (ties broken by id, so
         a graph built in program order keeps that order). Derived; for a graph a
         rewrite made (:meth:`rewired`), the running order the rewrite gave.
-      rewired_from: for a graph :meth:`rewired` made, ``(base, changed)``: what
-        it was made from, so that facts known of ``base`` can be updated rather
-        than worked out again; None for a graph built whole.
+      fusion: which values a fusing compiler keeps out of memory
+        (:class:`remat.core.fusion.Fusion`). Derived.
     """
 
     values: tuple[Value, ...]
@@ -111,16 +129,19 @@ class Graph:
     outputs: tuple[int, ...]
     donated: frozenset[int] = frozenset()
     users: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False)
-    predecessors: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False)
-    successors: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False)
     topological_order: tuple[int, ...] = dataclasses.field(init=False, repr=False)
-    rewired_from: tuple["Graph", tuple[int, ...]] | None = dataclasses.field(
-        default=None, init=False, repr=False)
+    fusion: Fusion = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_ids(self)
-        self._derive()
-        object.__setattr__(self, "topological_order", _topological_order(self))
+        self._set(**_edges(self, users=True))
+        self._set(topological_order=_topological_order(self))
+        self._set(fusion=fusion_of(self))
+
+    def _set(self, **fields: Any) -> None:
+        """Sets fields while the graph is being made (never after)."""
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
 
     @classmethod
     def rewired(cls, base: "Graph", values: tuple[Value, ...], ops: tuple[Op, ...],
@@ -129,79 +150,29 @@ class Graph:
         other values, as a planner rewriting a checked graph makes it: ``values``
         and ``ops`` start with ``base``'s (same ids), ``changed`` names every op
         that is new or reads other values than in ``base``, and ``order`` is a
-        topological order. Nothing is checked, and ``users`` is ``base``'s with
-        the changed ops' edges redone (a rewrite touches a few ops of a big
-        program, and planners make many rewrites); ``predecessors`` and
-        ``successors``, which planners do not read on a rewrite, are derived on
-        first use."""
+        topological order. Nothing is checked: ``users`` and ``fusion`` are
+        ``base``'s with what the changed ops touch redone (a rewrite touches a
+        few ops of a big program, and planners make many rewrites), and
+        ``predecessors`` and ``successors`` are worked out on first use; each
+        equals that of the same graph built whole."""
         graph = object.__new__(cls)
-        for name, part in (("values", values), ("ops", ops), ("inputs", base.inputs),
-                           ("outputs", base.outputs), ("donated", base.donated),
-                           ("topological_order", order),
-                           ("rewired_from", (base, tuple(changed)))):
-            object.__setattr__(graph, name, part)
-        n_old = len(base.ops)
-        users = list(base.users) + [()] * (len(values) - len(base.values))
-        gone: dict[int, set[int]] = {}      # values a changed op no longer reads
-        for o in changed:
-            if o < n_old:
-                for v in base.ops[o].inputs:
-                    gone.setdefault(v, set()).add(o)
-        new: dict[int, dict[int, None]] = {}   # values a changed op reads now
-        for o in changed:
-            for v in ops[o].inputs:
-                new.setdefault(v, {})[o] = None
-        for v, added in new.items():
-            if v in gone or users[v]:
-                kept = set(users[v]).difference(gone.get(v, ()))
-                kept.update(added)
-                users[v] = tuple(sorted(kept))
-            else:           # a new value: only new readers
-                users[v] = tuple(sorted(added))
-        for v in gone.keys() - new.keys():
-            users[v] = tuple(sorted(set(users[v]).difference(gone[v])))
-        object.__setattr__(graph, "users", tuple(users))
+        graph._set(values=values, ops=ops, inputs=base.inputs, outputs=base.outputs,
+                   donated=base.donated, topological_order=order)
+        graph._set(users=_users_after_rewiring(graph, base, changed))
+        graph._set(fusion=fusion_of(graph, base, changed))
         return graph
 
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for an attribute not set: the op edges of a rewired graph.
-        if name in ("predecessors", "successors"):
-            self._derive()
-            return self.__dict__[name]
-        raise AttributeError(f"'Graph' object has no attribute {name!r}")
+    @functools.cached_property
+    def predecessors(self) -> tuple[tuple[int, ...], ...]:
+        """For each op, the ids of the ops it reads from (each once, in operand
+        order). Derived."""
+        return _edges(self, users=False)["predecessors"]
 
-    def _derive(self) -> None:
-        """Sets the derived fields: users, predecessors, successors."""
-        users: list[list[int]] = [[] for _ in self.values]
-        predecessors: list[tuple[int, ...]] = []
-        successors: list[list[int]] = [[] for _ in self.ops]
-        values = self.values
-        for op_id, op in enumerate(self.ops):
-            preds: dict[int, None] = {}
-            for v in op.inputs:
-                u = users[v]
-                if not u or u[-1] != op_id:  # ops are visited in id order
-                    u.append(op_id)
-                p = values[v].producer
-                if p is not None:
-                    preds[p] = None
-            predecessors.append(tuple(preds))
-            for p in preds:
-                successors[p].append(op_id)
-        object.__setattr__(self, "users", tuple(tuple(u) for u in users))
-        object.__setattr__(self, "predecessors", tuple(predecessors))
-        object.__setattr__(self, "successors", tuple(tuple(s) for s in successors))
-
-    def memo(self, name: str, make: Callable[[], Any],
-             full: Callable[[Any], bool] = lambda memo: False) -> Any:
-        """What a planner remembers about this graph under ``name`` (the graph
-        never changes, so what was worked out from it stays true): ``make()``
-        the first time, and again once ``full(memo)`` says it holds enough."""
-        memo = self.__dict__.get(name)
-        if memo is None or full(memo):
-            memo = make()
-            object.__setattr__(self, name, memo)
-        return memo
+    @functools.cached_property
+    def successors(self) -> tuple[tuple[int, ...], ...]:
+        """For each op, the ids of the ops that read from it (each once, in id
+        order). Derived."""
+        return _edges(self, users=False)["successors"]
 
     @property
     def num_ops(self) -> int:
@@ -222,6 +193,60 @@ class Graph:
     def __repr__(self) -> str:
         return (f"Graph({len(self.ops)} ops, {len(self.values)} values, "
                 f"{len(self.inputs)} inputs, {len(self.outputs)} outputs)")
+
+
+def _edges(graph: Graph, users: bool) -> dict[str, tuple]:
+    """The derived fields predecessors and successors (and with ``users``,
+    users), worked out whole."""
+    readers: list[list[int]] = [[] for _ in graph.values]
+    predecessors: list[tuple[int, ...]] = []
+    successors: list[list[int]] = [[] for _ in graph.ops]
+    values = graph.values
+    for op_id, op in enumerate(graph.ops):
+        preds: dict[int, None] = {}
+        for v in op.inputs:
+            if users:
+                u = readers[v]
+                if not u or u[-1] != op_id:  # ops are visited in id order
+                    u.append(op_id)
+            p = values[v].producer
+            if p is not None:
+                preds[p] = None
+        predecessors.append(tuple(preds))
+        for p in preds:
+            successors[p].append(op_id)
+    edges = dict(predecessors=tuple(predecessors),
+                 successors=tuple(tuple(s) for s in successors))
+    if users:
+        edges["users"] = tuple(tuple(u) for u in readers)
+    return edges
+
+
+def _users_after_rewiring(graph: Graph, base: Graph, changed: Sequence[int]
+                          ) -> tuple[tuple[int, ...], ...]:
+    """The users of ``graph``, made from ``base`` by appending ops and values
+    and rewiring the ops in ``changed``: ``base``'s, with the edges of the
+    changed ops redone."""
+    n_old = len(base.ops)
+    users = list(base.users) + [()] * (len(graph.values) - len(base.values))
+    gone: dict[int, set[int]] = {}      # values a changed op no longer reads
+    new: dict[int, dict[int, None]] = {}   # values a changed op reads now
+    for o in changed:
+        if o < n_old:
+            for v in base.ops[o].inputs:
+                gone.setdefault(v, set()).add(o)
+        for v in graph.ops[o].inputs:
+            new.setdefault(v, {})[o] = None
+    for v, added in new.items():
+        if v in gone or users[v]:
+            kept = set(users[v]).difference(gone.get(v, ()))
+            kept.update(added)
+            users[v] = tuple(sorted(kept))
+        else:           # a new value: only new readers
+            users[v] = tuple(sorted(added))
+    for v in gone.keys() - new.keys():
+        users[v] = tuple(sorted(set(users[v]).difference(gone[v])))
+    return tuple(users)
 
 
 def _check_ids(graph: Graph) -> None:

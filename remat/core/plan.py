@@ -19,36 +19,37 @@ brings that op into its block, else the block would hand out its unfused results
 in memory: one buffer per block that the model, which fuses them, does not count.
 
 :func:`apply_plan` builds the rewritten program as a plain :class:`Graph` with a
-schedule, so the one simulator measures every plan the same way.
+schedule, so the one simulator measures every plan the same way
+(:func:`remat.core.evaluate.evaluate` does both). It plans on a
+:class:`~remat.core.scheduled.Scheduled` (the graph on its original order), where
+the blocks of the regions seen are kept for the next plan.
 
 Example::
 
     >>> from remat.core.graph import GraphBuilder
+    >>> from remat.core.scheduled import on_schedule
     >>> b = GraphBuilder()
     >>> x = b.add_input(8)
     >>> (a,) = b.add_op("f", [x], [100])
     >>> (y,) = b.add_op("g", [a], [8])
     >>> (z,) = b.add_op("h", [y, a], [8])
     >>> g = b.build(outputs=[z])
-    >>> r = apply_plan(g, (0, 1, 2), [Region(recompute=(0,), consumers=(2,))])
+    >>> r = apply_plan(on_schedule(g, (0, 1, 2)), [Region(recompute=(0,), consumers=(2,))])
     >>> [(g.ops[r.origin[o]].label, r.is_copy[o]) for o in r.schedule]
     [('f', False), ('g', False), ('f', True), ('h', False)]
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import heapq
-import math
 from typing import Sequence
 
 from .fusion import fused_values
 from .graph import Graph, Op, Value
-from .simulate import Timeline, simulate
+from .scheduled import Scheduled
 
-__all__ = ["Region", "Rewritten", "PlanError", "apply_plan", "convex_hull", "evaluate",
-           "known_peak"]
+__all__ = ["Region", "Rewritten", "PlanError", "apply_plan", "convex_hull"]
 
 
 class PlanError(ValueError):
@@ -158,16 +159,16 @@ def _merge_overlapping(graph: Graph, regions: Sequence[Region], position,
     return list(merged.values())
 
 
-def apply_plan(graph: Graph, schedule: Sequence[int],
-               regions: Sequence[Region]) -> Rewritten:
-    """Rewrites ``graph`` so each region's consumers read recomputed copies.
+def apply_plan(scheduled: Scheduled, regions: Sequence[Region]) -> Rewritten:
+    """Rewrites ``scheduled.graph`` so each region's consumers read recomputed
+    copies.
 
-    ``schedule`` is the original running order; the new one keeps it wherever the
-    blocks allow (a priority topological sort on original positions).
+    ``scheduled.schedule`` is the original running order; the new one keeps it
+    wherever the blocks allow (a priority topological sort on original positions).
     """
+    graph, schedule, position = scheduled.graph, scheduled.schedule, scheduled.position
     n = len(graph.ops)
-    position, blocks_known = _known_of_schedule(graph, schedule)
-    merged = _merge_overlapping(graph, regions, position, blocks_known)
+    merged = _merge_overlapping(graph, regions, position, _blocks_known(scheduled))
     for k, (rec, _, _) in enumerate(merged):
         if any(not 0 <= o < n for o in rec):
             raise PlanError(f"region {k} recomputes an op id outside 0..{n - 1}.")
@@ -247,27 +248,18 @@ def apply_plan(graph: Graph, schedule: Sequence[int],
                      final_regions)
 
 
-#: Regions whose blocks a graph remembers in all (then it starts again).
+#: Regions whose blocks a :class:`Scheduled` keeps (then it starts again).
 _BLOCKS_KEPT = 16384
 
 
-def _known_of_schedule(graph: Graph, schedule: Sequence[int]
-                       ) -> tuple[list[int], dict[Region, tuple[Region, frozenset[int]]]]:
-    """Each op's step in ``schedule``, and each region's consumers with their
-    fusions and its block, on ``graph`` and ``schedule``, as worked out so far:
-    a planner's trials share the schedule and most of their regions (merging
-    tries one pair at a time)."""
-    by_schedule = graph.memo(
-        "_region_blocks", dict,
-        full=lambda memo: sum(len(m[1]) for m in memo.values()) >= _BLOCKS_KEPT)
-    key = tuple(schedule)
-    known = by_schedule.get(key)
-    if known is None:
-        position = [0] * len(graph.ops)
-        for step, op_id in enumerate(schedule):
-            position[op_id] = step
-        known = by_schedule[key] = (position, {})
-    return known
+def _blocks_known(scheduled: Scheduled) -> dict[Region, tuple[Region, frozenset[int]]]:
+    """Each region's consumers with their fusions and its block, on
+    ``scheduled``, as worked out so far: a planner's trials share the schedule
+    and most of their regions (merging tries one pair at a time)."""
+    blocks = scheduled.caches.blocks
+    if len(blocks) >= _BLOCKS_KEPT:
+        blocks.clear()
+    return blocks
 
 
 def _with_fusions(graph: Graph, region: Region, position) -> Region:
@@ -384,62 +376,3 @@ def _unit_order(graph: Graph, schedule: Sequence[int], position, merged
                         "recomputes from values that its own consumers produce); "
                         "recompute from earlier values.")
     return order
-
-
-@dataclasses.dataclass
-class _Evaluated:
-    """What :func:`evaluate` remembers of one graph and schedule: every peak
-    (infinite for regions that could not be realized), and the last few results."""
-    peaks: dict = dataclasses.field(default_factory=dict)
-    results: collections.OrderedDict = dataclasses.field(
-        default_factory=collections.OrderedDict)
-
-
-#: Peaks a graph remembers in all (then it starts again), and whole results.
-_PEAKS_KEPT = 4096
-_RESULTS_KEPT = 4
-
-
-def evaluate(graph: Graph, schedule: Sequence[int],
-             regions: Sequence[Region]) -> tuple[Rewritten, Timeline]:
-    """Applies ``regions`` and simulates the result: the measure every planner's
-    plan is checked by. Raises :class:`PlanError` as :func:`apply_plan` does.
-
-    Planners evaluate the same regions again (a re-aimed sweep that picks the
-    same values, both starts of ``"standard"`` trying the same merges), so the
-    last few results are kept on ``graph`` and returned again (treat them as
-    read-only), and every peak is kept for :func:`known_peak`."""
-    memo = _evaluated(graph, schedule)
-    key = tuple(regions)
-    if key in memo.results:
-        memo.results.move_to_end(key)
-        return memo.results[key]
-    try:
-        rewritten = apply_plan(graph, schedule, regions)
-    except PlanError:
-        memo.peaks[key] = math.inf
-        raise
-    result = rewritten, simulate(rewritten.graph, rewritten.schedule, check=False)
-    memo.peaks[key] = result[1].peak_bytes
-    memo.results[key] = result
-    if len(memo.results) > _RESULTS_KEPT:
-        memo.results.popitem(last=False)
-    return result
-
-
-def known_peak(graph: Graph, schedule: Sequence[int], regions: Sequence[Region]
-               ) -> float | None:
-    """The simulated peak of ``regions`` applied on ``schedule`` if
-    :func:`evaluate` has worked it out for ``graph`` before (infinite if the
-    regions could not be realized), else None. A trial known to miss a limit
-    need not be simulated again."""
-    return _evaluated(graph, schedule).peaks.get(tuple(regions))
-
-
-def _evaluated(graph: Graph, schedule: Sequence[int]) -> _Evaluated:
-    """What :func:`evaluate` remembers for ``graph`` and ``schedule`` (all of a
-    graph's is forgotten once it holds ``_PEAKS_KEPT`` peaks)."""
-    by_schedule = graph.memo(
-        "_evaluated", dict,
-        full=lambda memo: sum(len(m.peaks) for m in memo.values()) >= _PEAKS_KEPT)
-    return by_schedule.setdefault(tuple(schedule), _Evaluated())

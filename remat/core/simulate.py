@@ -55,7 +55,7 @@ from typing import Sequence
 from .fusion import fused_ops, fused_values, resident_bytes
 from .graph import Graph
 
-__all__ = ["Timeline", "simulate", "ScheduleError", "anchor_steps"]
+__all__ = ["Timeline", "simulate", "check_schedule", "ScheduleError", "anchor_steps"]
 
 
 class ScheduleError(ValueError):
@@ -93,7 +93,7 @@ class Timeline:
     peak_step: int
     input_bytes: int
     output_bytes: int
-    fused: list[bool]
+    fused: Sequence[bool]
     last_use_step: list[int]
     in_output_buffer: list[bool]
 
@@ -152,25 +152,14 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True,
         must then skip values that cost nothing (``Timeline.in_output_buffer``).
 
     Returns:
-      a :class:`Timeline` (see the module docstring for the memory model). The
-      graph keeps its last one: simulating the same order again returns the same
-      object (treat it as read-only).
+      a :class:`Timeline` (see the module docstring for the memory model). It is
+      worked out anew at each call: planners that need the simulation of one
+      order many times keep it in a :class:`remat.core.scheduled.Scheduled`.
     """
     schedule = tuple(schedule)
-    # The last simulation of a graph is kept on it (planners simulate the same
-    # order again and again); ``checked``: whether that order was verified.
-    key = (schedule, reuse_result_buffers)
-    last = graph.__dict__.get("_last_simulation")
-    if last is not None and last[0] == key:
-        if check and not last[2]:
-            check_schedule(graph, schedule)
-            object.__setattr__(graph, "_last_simulation", (key, last[1], True))
-        return last[1]
     if check:
         check_schedule(graph, schedule)
-    timeline = _simulate(graph, schedule, reuse_result_buffers)
-    object.__setattr__(graph, "_last_simulation", (key, timeline, check))
-    return timeline
+    return _simulate(graph, schedule, reuse_result_buffers)
 
 
 def anchor_steps(graph: Graph, schedule: Sequence[int]) -> list[int]:

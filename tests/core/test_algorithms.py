@@ -6,6 +6,7 @@ from remat.core.algorithms import ALGORITHMS, get_algorithm
 from remat.core.algorithms.compress import is_expansion
 from remat.core.graph import GraphBuilder
 from remat.core.options import RematOptions, parse_bytes
+from remat.core.scheduled import on_schedule
 from remat.core.simulate import check_schedule, simulate
 
 from .random_graphs import training_chain
@@ -23,7 +24,8 @@ def test_meets_reachable_limits(name, fraction):
     g = training_chain(16)
     order = tuple(range(g.num_ops))
     limit = _limit(g, fraction)
-    result = get_algorithm(name)(g, order, RematOptions(limit, name, small_node_bytes=0))
+    result = get_algorithm(name)(on_schedule(g, order),
+                                 RematOptions(limit, name, small_node_bytes=0))
     assert result.met, (result.timeline.peak_bytes, limit)
     assert result.timeline.peak_bytes <= limit < result.baseline.peak_bytes
     check_schedule(result.rewritten.graph, result.rewritten.schedule)
@@ -33,7 +35,7 @@ def test_meets_reachable_limits(name, fraction):
 def test_path_gives_back_what_the_limit_does_not_need():
     g = training_chain(16)
     order = tuple(range(g.num_ops))
-    loose, tight = (get_algorithm("path")(g, order, RematOptions(
+    loose, tight = (get_algorithm("path")(on_schedule(g, order), RematOptions(
         _limit(g, f), "path", small_node_bytes=0)) for f in (0.9, 0.5))
     assert loose.extra_flops < tight.extra_flops
 
@@ -41,8 +43,8 @@ def test_path_gives_back_what_the_limit_does_not_need():
 def test_unreachable_limit_is_reported_not_met():
     g = training_chain(8)
     order = tuple(range(g.num_ops))
-    result = get_algorithm("standard")(g, order, RematOptions(1, "standard",
-                                                              small_node_bytes=0))
+    result = get_algorithm("standard")(on_schedule(g, order),
+                                       RematOptions(1, "standard", small_node_bytes=0))
     assert not result.met
     assert result.timeline.peak_bytes < result.baseline.peak_bytes
 
@@ -59,13 +61,13 @@ def test_a_sweep_with_nothing_left_to_drop_is_not_re_aimed(name, monkeypatch):
     sweeps = []
     real_swept = greedy.swept
     monkeypatch.setattr(greedy, "swept",
-                        lambda *a: sweeps.append(a[4]) or real_swept(*a))
-    result = get_algorithm(name)(g, order, options)
+                        lambda *a: sweeps.append(a[2]) or real_swept(*a))
+    result = get_algorithm(name)(on_schedule(g, order), options)
     starts = 2 if name == "standard" else 1
     assert len(sweeps) == 2 * starts
     assert not result.met
     monkeypatch.setattr(greedy, "swept", lambda *a: _never_exhausted(real_swept(*a)))
-    re_aimed = get_algorithm(name)(training_chain(8), order, options)
+    re_aimed = get_algorithm(name)(on_schedule(training_chain(8), order), options)
     assert re_aimed.regions == result.regions
 
 
@@ -77,7 +79,7 @@ def _never_exhausted(est):
 def test_small_nodes_are_never_recomputed():
     g = training_chain(8, act_bytes=1000)
     order = tuple(range(g.num_ops))
-    result = get_algorithm("standard")(g, order, RematOptions(
+    result = get_algorithm("standard")(on_schedule(g, order), RematOptions(
         _limit(g, 0.5), "standard", small_node_bytes=2000))
     assert not result.regions
 
@@ -92,7 +94,7 @@ def test_compress_only_rebuilds_expansions():
     (out,) = b.add_op("mul", [h2, big], [100])
     g = b.build(outputs=[out])
     order = (0, 1, 2, 3)
-    result = get_algorithm("compress")(g, order, RematOptions(
+    result = get_algorithm("compress")(on_schedule(g, order), RematOptions(
         _limit(g, 0.5), "compress", small_node_bytes=0))
     copies = [result.rewritten.origin[o]
               for o, c in enumerate(result.rewritten.is_copy) if c]
@@ -118,7 +120,8 @@ def test_deep_limits_drop_checkpoints_through_other_regions(name):
     g = training_chain(24)
     order = tuple(range(g.num_ops))
     limit = _limit(g, 0.4)
-    result = get_algorithm(name)(g, order, RematOptions(limit, name, small_node_bytes=0))
+    result = get_algorithm(name)(on_schedule(g, order),
+                                 RematOptions(limit, name, small_node_bytes=0))
     assert result.met, (result.timeline.peak_bytes, limit)
     assert all(region.consumers for region in result.regions)
     assert max(len(region.recompute) for region in result.regions) > 1
@@ -150,12 +153,11 @@ def test_reused_chains_give_the_plans_fresh_ones_give(seed, name, monkeypatch):
     for fraction in (0.6, 0.3):
         options = RematOptions(int(fixed + fraction * (tl.peak_bytes - fixed)), name,
                                small_node_bytes=0)
-        reused = get_algorithm(name)(g, order, options)
-        g.__dict__.pop("_trajectories", None)   # sweep again, not replay
-        with monkeypatch.context() as m:
+        reused = get_algorithm(name)(on_schedule(g, order), options)
+        with monkeypatch.context() as m:     # a fresh Scheduled: sweep, not replay
             m.setattr(sweep._Chains, "get", afresh)
             m.setattr(sweep, "_drop_for", drop_afresh)
-            fresh = get_algorithm(name)(g, order, options)
+            fresh = get_algorithm(name)(on_schedule(g, order), options)
         assert reused.regions == fresh.regions
         assert reused.timeline.peak_bytes == fresh.timeline.peak_bytes
 
@@ -163,28 +165,30 @@ def test_reused_chains_give_the_plans_fresh_ones_give(seed, name, monkeypatch):
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("name", ["standard", "path", "standardcompress"])
 def test_replayed_sweeps_give_the_plans_fresh_sweeps_give(seed, name):
-    # A graph keeps each strategy's trajectory and later sweeps replay it; plans
-    # for targets asked in any order must be those of a graph planned afresh.
+    # A Scheduled keeps each strategy's trajectory and later sweeps replay it;
+    # plans for targets asked in any order must be those of a graph planned afresh.
     from remat.core.algorithms import greedy
     from .random_graphs import random_dag
     g = random_dag(seed, num_ops=60)
     order = tuple(range(g.num_ops))
-    tl = simulate(g, order)
+    kept_state = on_schedule(g, order)
+    tl = kept_state.timeline
     fixed = tl.input_bytes + tl.output_bytes
     replays = []
     real_swept = greedy.swept
 
-    def counting(graph, *args):
-        replays.append(len(graph.__dict__.get("_trajectories", {})))
-        return real_swept(graph, *args)
+    def counting(scheduled, *args):
+        replays.append(len(scheduled.caches.trajectories))
+        return real_swept(scheduled, *args)
 
     greedy.swept = counting
     try:
         for fraction in (0.6, 0.3, 0.45, 0.8, 0.2):
             options = RematOptions(int(fixed + fraction * (tl.peak_bytes - fixed)),
                                    name, small_node_bytes=0)
-            kept = get_algorithm(name)(g, order, options)
-            fresh = get_algorithm(name)(random_dag(seed, num_ops=60), order, options)
+            kept = get_algorithm(name)(kept_state, options)
+            fresh = get_algorithm(name)(on_schedule(random_dag(seed, num_ops=60), order),
+                                        options)
             assert kept.regions == fresh.regions
             assert kept.timeline.peak_bytes == fresh.timeline.peak_bytes
     finally:
@@ -203,7 +207,7 @@ def test_a_plan_that_cannot_be_realized_is_reported_not_raised():
     fixed = tl.input_bytes + tl.output_bytes
     for name in ("path", "standard"):
         limit = int(fixed + 0.3 * (tl.peak_bytes - fixed))
-        result = get_algorithm(name)(g, order, RematOptions(limit, name,
+        result = get_algorithm(name)(on_schedule(g, order), RematOptions(limit, name,
                                                             small_node_bytes=0))
         check_schedule(result.rewritten.graph, result.rewritten.schedule)
         assert result.met == (result.timeline.peak_bytes <= limit)
@@ -233,9 +237,9 @@ def test_only_plans_that_can_still_win_are_consolidated(name, monkeypatch):
             options = RematOptions(int(fixed + fraction * (tl.peak_bytes - fixed)),
                                    name, small_node_bytes=0)
             calls.clear()
-            got = get_algorithm(name)(g, order, options)
+            got = get_algorithm(name)(on_schedule(g, order), options)
             done = len(calls)
-            each = [greedy.run_greedy(g, order, options, first + [start],
+            each = [greedy.run_greedy(on_schedule(g, order), options, first + [start],
                                       keep=greedy.give_back)
                     for start in (STANDARD, STANDARD_WIDE)]
             want = result.best_of(each)

@@ -5,6 +5,7 @@ import pytest
 from remat.core.algorithms import get_algorithm
 from remat.core.bounds import planner_floor
 from remat.core.options import RematOptions
+from remat.core.scheduled import on_schedule
 from remat.core.simulate import simulate
 
 from .random_graphs import random_dag, training_chain
@@ -26,8 +27,8 @@ def test_no_plan_goes_below_the_floor(seed, name):
     for small in (0, 500):
         floor = planner_floor(g, tl, small)
         assert floor <= tl.peak_bytes
-        result = get_algorithm(name)(g, order, RematOptions(0, name,
-                                                             small_node_bytes=small))
+        result = get_algorithm(name)(on_schedule(g, order),
+                                     RematOptions(0, name, small_node_bytes=small))
         assert result.timeline.peak_bytes >= floor
 
 

@@ -6,6 +6,7 @@ from remat.core.algorithms import ALGORITHMS, PlanResult, get_algorithm
 from remat.core.algorithms.optimal_candidates import candidates
 from remat.core.graph import GraphBuilder
 from remat.core.options import RematOptions
+from remat.core.scheduled import on_schedule
 from remat.core.simulate import check_schedule, simulate
 
 from .random_graphs import random_dag, training_chain
@@ -19,8 +20,8 @@ def _limit(graph, fraction):
 
 def _plan(name, graph, limit, **kw):
     order = tuple(range(graph.num_ops))
-    return get_algorithm(name)(graph, order, RematOptions(limit, name, small_node_bytes=0,
-                                                          **kw))
+    return get_algorithm(name)(on_schedule(graph, order),
+                               RematOptions(limit, name, small_node_bytes=0, **kw))
 
 
 def test_registered():
@@ -75,10 +76,9 @@ def test_time_limit_reports_gap_or_no_plan():
 
 def test_candidates_respect_small_nodes():
     g = training_chain(6, act_bytes=1000)
-    order = tuple(range(g.num_ops))
-    tl = simulate(g, order)
-    assert not candidates(g, order, tl, RematOptions(0, "optimal", small_node_bytes=2000))
-    assert candidates(g, order, tl, RematOptions(0, "optimal", small_node_bytes=0))
+    scheduled = on_schedule(g, tuple(range(g.num_ops)))
+    assert not candidates(scheduled, RematOptions(0, "optimal", small_node_bytes=2000))
+    assert candidates(scheduled, RematOptions(0, "optimal", small_node_bytes=0))
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -86,7 +86,7 @@ def test_random_graphs_never_exceed_when_met(seed):
     g = random_dag(seed, num_ops=25)
     order = tuple(range(g.num_ops))
     base = simulate(g, order)
-    r = get_algorithm("optimal")(g, order, RematOptions(
+    r = get_algorithm("optimal")(on_schedule(g, order), RematOptions(
         int(base.peak_bytes * 0.8), "optimal", small_node_bytes=0, solver_seconds=5))
     check_schedule(r.rewritten.graph, r.rewritten.schedule)
     assert r.met == (r.timeline.peak_bytes <= r.limit_bytes)

@@ -9,6 +9,7 @@ from remat.core.fusion import fused_values
 from remat.core.graph import Graph, GraphBuilder
 from remat.core.options import RematOptions
 from remat.core.plan import PlanError, Region, apply_plan, convex_hull
+from remat.core.scheduled import on_schedule
 from remat.core.schedulers import dfs_schedule
 from remat.core.simulate import check_schedule, simulate
 
@@ -20,7 +21,7 @@ def test_copies_feed_the_consumers():
     order = tuple(range(g.num_ops))
     # Recompute layer 1's activation (op 1) for its backward readers.
     late = tuple(u for u in g.users[g.ops[1].outputs[0]] if u > 4)
-    rw = apply_plan(g, order, [Region(recompute=(1,), consumers=late)])
+    rw = apply_plan(on_schedule(g, order), [Region(recompute=(1,), consumers=late)])
     check_schedule(rw.graph, rw.schedule)
     copies = [o for o, c in enumerate(rw.is_copy) if c]
     assert [rw.origin[o] for o in copies] == [1]
@@ -35,7 +36,7 @@ def test_blocks_are_contiguous_and_convex():
     g = training_chain(6)
     order = tuple(range(g.num_ops))
     consumers = (8, 12)           # two backward ops with others between them
-    rw = apply_plan(g, order, [Region(recompute=(2,), consumers=consumers)])
+    rw = apply_plan(on_schedule(g, order), [Region(recompute=(2,), consumers=consumers)])
     (block,) = rw.blocks
     first = rw.schedule.index(block[0])
     assert rw.schedule[first:first + len(block)] == tuple(block)
@@ -47,7 +48,7 @@ def test_blocks_are_contiguous_and_convex():
 def test_overlapping_regions_are_merged():
     g = training_chain(6)
     order = tuple(range(g.num_ops))
-    rw = apply_plan(g, order, [Region((1,), (8, 12)), Region((2,), (10, 14))])
+    rw = apply_plan(on_schedule(g, order), [Region((1,), (8, 12)), Region((2,), (10, 14))])
     assert len(rw.blocks) == 1 and len(rw.regions) == 1
     assert set(rw.regions[0].recompute) == {1, 2}
 
@@ -66,7 +67,7 @@ def _unrealizable():
 def test_cycle_is_refused():
     g, regions = _unrealizable()
     with pytest.raises(PlanError, match="its own region"):
-        apply_plan(g, (0, 1, 2), regions)
+        apply_plan(on_schedule(g, (0, 1, 2)), regions)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -82,10 +83,10 @@ def test_rewritten_graphs_pass_the_full_checks(seed):
         graph = random_dag(seed, num_ops=40)
         order = tuple(range(graph.num_ops))
         limit = int(simulate(graph, order).peak_bytes * 0.7)
-        regions = plan_standard(graph, order, RematOptions(
+        regions = plan_standard(on_schedule(graph, order), RematOptions(
             limit, "standard", small_node_bytes=0)).regions
         assert regions
-    rw = apply_plan(graph, order, regions)
+    rw = apply_plan(on_schedule(graph, order), regions)
     g = rw.graph
     checked = Graph(g.values, g.ops, g.inputs, g.outputs, g.donated)
     for field in ("values", "ops", "inputs", "outputs", "donated", "users",
@@ -124,7 +125,7 @@ def test_fusion_of_a_rewritten_graph_is_as_if_built_whole(first_seed):
                 regions.append(Region(tuple(sorted({op, *before})),
                                       tuple(sorted(consumers))))
             try:
-                g = apply_plan(graph, order, regions).graph
+                g = apply_plan(on_schedule(graph, order), regions).graph
             except PlanError:
                 continue
             realized += 1
@@ -180,52 +181,24 @@ def test_running_order_is_the_priority_order_of_blocks_and_ops(seed):
     checked = 0
     for fraction in (0.9, 0.7, 0.5):
         limit = int(simulate(graph, schedule).peak_bytes * fraction)
-        regions = plan_standard(graph, schedule, RematOptions(
+        regions = plan_standard(on_schedule(graph, schedule), RematOptions(
             limit, "standard", small_node_bytes=0)).regions
         if regions:
-            rw = apply_plan(graph, schedule, regions)
+            rw = apply_plan(on_schedule(graph, schedule), regions)
             assert rw.schedule == _priority_order(graph, rw, position)
             checked += 1
     assert checked >= 2
 
 
-def test_evaluate_remembers_peaks_and_recent_results(monkeypatch):
-    from remat.core import plan as plan_module
-    graph = training_chain(6)
-    order = tuple(range(graph.num_ops))
-    regions = [Region((0, 1), (9, 10)), Region((2,), (7, 8))]
-    assert plan_module.known_peak(graph, order, regions) is None
-    rw, tl = plan_module.evaluate(graph, order, regions)
-    assert plan_module.known_peak(graph, order, regions) == tl.peak_bytes
-    # the same regions again: the same result, nothing applied or simulated again
-    applied = []
-    real = plan_module.apply_plan
-    monkeypatch.setattr(plan_module, "apply_plan",
-                        lambda *a: applied.append(1) or real(*a))
-    assert plan_module.evaluate(graph, order, list(regions)) == (rw, tl)
-    assert not applied
-    # a peak is remembered beyond the last few results; a plan that cannot be
-    # realized is remembered as an infinite peak
-    for k in range(1, 8):
-        plan_module.evaluate(graph, order, [Region((0,), (k + 5,))])
-    assert plan_module.known_peak(graph, order, regions) == tl.peak_bytes
-    g, bad = _unrealizable()
-    with pytest.raises(PlanError):
-        plan_module.evaluate(g, (0, 1, 2), bad)
-    assert plan_module.known_peak(g, (0, 1, 2), bad) == float("inf")
-    # another schedule is another plan
-    assert plan_module.known_peak(graph, order[::-1], regions) is None
-
-
 @pytest.mark.parametrize("seed", range(1, 5))
 def test_blocks_remembered_across_plans_rewrite_as_fresh_ones(seed):
-    # apply_plan keeps each region's block per graph and schedule; plans sharing
+    # apply_plan keeps each region's block on the Scheduled; plans sharing
     # regions (merge trials, in any order, on two schedules) rewrite exactly as
     # on a graph that remembers nothing
     graph = random_dag(seed, num_ops=40)
     order = tuple(range(graph.num_ops))
     limit = int(simulate(graph, order).peak_bytes * 0.7)
-    regions = list(plan_standard(graph, order, RematOptions(
+    regions = list(plan_standard(on_schedule(graph, order), RematOptions(
         limit, "standard", small_node_bytes=0)).regions)
     assert len(regions) >= 2
     schedules = [order, dfs_schedule(graph)]
@@ -235,15 +208,16 @@ def test_blocks_remembered_across_plans_rewrite_as_fresh_ones(seed):
               + regions[2:],
               [Region(r.recompute, r.consumers[:1]) for r in regions]]
     for schedule in schedules:
+        kept = on_schedule(graph, schedule)
         for trial in trials:
-            fresh = random_dag(seed, num_ops=40)    # the same program, nothing kept
+            fresh = on_schedule(graph, schedule)    # nothing kept
             try:
-                want = apply_plan(fresh, schedule, trial)
+                want = apply_plan(fresh, trial)
             except PlanError:
                 with pytest.raises(PlanError):
-                    apply_plan(graph, schedule, trial)
+                    apply_plan(kept, trial)
                 continue
-            got = apply_plan(graph, schedule, trial)
+            got = apply_plan(kept, trial)
             assert got.schedule == want.schedule and got.regions == want.regions
             assert got.graph.ops == want.graph.ops and got.blocks == want.blocks
 
@@ -267,12 +241,14 @@ def _fused_reader_graph(root: str):
 
 def test_a_block_takes_the_elementwise_fusion_of_its_consumers():
     g = _fused_reader_graph("exp")
-    rw = apply_plan(g, tuple(range(g.num_ops)), [Region(recompute=(0,), consumers=(3,))])
+    rw = apply_plan(on_schedule(g, tuple(range(g.num_ops))),
+                    [Region(recompute=(0,), consumers=(3,))])
     # the exp the mul fuses into joins the block: the block hands out its result
     (block,) = rw.blocks
     assert [rw.origin[o] for o in block] == [0, 3, 4]
     assert rw.regions == (Region(recompute=(0,), consumers=(3, 4)),)
     # a reduction does not (XLA read ResNet-50's plans higher with them inside)
     g = _fused_reader_graph("reduce")
-    rw = apply_plan(g, tuple(range(g.num_ops)), [Region(recompute=(0,), consumers=(3,))])
+    rw = apply_plan(on_schedule(g, tuple(range(g.num_ops))),
+                    [Region(recompute=(0,), consumers=(3,))])
     assert rw.regions == (Region(recompute=(0,), consumers=(3,)),)

@@ -54,7 +54,7 @@ def test_fused_elementwise_chain_takes_no_memory_but_keeps_its_inputs_alive():
     (c,) = b.add_op("add", [a], [100], fusion="loop")
     (s,) = b.add_op("reduce", [c], [4], fusion="reduce")
     g = b.build(outputs=[s])
-    assert fused_values(g) == [False, False, True, True, False]
+    assert fused_values(g) == (False, False, True, True, False)
     tl = simulate(g, g.topological_order)
     # d lives until the reduction (the fusion's anchor), a and c never take memory.
     assert tl.last_use_step[d] == 3
@@ -134,13 +134,18 @@ def test_simulating_20000_ops_is_fast():
     assert time.perf_counter() - start < 0.5
 
 
-def test_the_last_simulation_is_reused_and_a_check_still_runs():
+def test_simulate_is_a_pure_function_of_graph_and_order():
+    # nothing is kept between calls (on the graph or elsewhere): the same order
+    # gives an equal, new timeline, and an order is checked whenever asked
     g = random_dag(3)
     order = tuple(g.topological_order)
+    attributes = dict(vars(g))
     first = simulate(g, order)
-    assert simulate(g, list(order)) is first            # same order: kept
-    assert simulate(g, order, reuse_result_buffers=True) is not first
+    again = simulate(g, list(order))
+    assert again == first and again is not first
     backwards = tuple(reversed(order))
-    simulate(g, backwards, check=False)                 # kept unchecked ...
+    simulate(g, backwards, check=False)
     with pytest.raises(ScheduleError):
-        simulate(g, backwards)                          # ... so checked on request
+        simulate(g, backwards)
+    assert vars(g).keys() == attributes.keys()
+    assert all(vars(g)[k] is v for k, v in attributes.items())

@@ -10,10 +10,9 @@ Not done: packing boolean masks into bits (no bit-packing op is emitted).
 
 from __future__ import annotations
 
-from typing import Sequence
-
 from ..graph import Graph
 from ..options import RematOptions
+from ..scheduled import Scheduled
 from .greedy import run_greedy
 from .recomputable import recomputable
 from .result import PlanResult
@@ -42,7 +41,6 @@ def is_expansion(graph: Graph, op_id: int) -> bool:
 COMPRESS = Strategy(allows=is_expansion, start_depth=4, grow=False)
 
 
-def plan_compress(graph: Graph, schedule: Sequence[int],
-                  options: RematOptions) -> PlanResult:
+def plan_compress(scheduled: Scheduled, options: RematOptions) -> PlanResult:
     """Plans with the ``"compress"`` algorithm (see the module docstring)."""
-    return run_greedy(graph, schedule, options, [COMPRESS])
+    return run_greedy(scheduled, options, [COMPRESS])

@@ -27,14 +27,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..graph import Graph
 from ..plan import Region
-from ..simulate import Timeline, anchor_steps
+from ..scheduled import Scheduled
 
 __all__ = ["Drop", "Estimate", "with_transients", "TRAJECTORIES_KEPT"]
 
-#: Trajectories a graph keeps (then it starts again): a few orders x strategies x
-#: segment modes x small-node limits. Rebuild peaks are kept for as many orders.
+#: Trajectories a :class:`Scheduled` keeps (then it starts again): strategies x
+#: segment modes x small-node limits.
 TRAJECTORIES_KEPT = 64
 
 
@@ -66,9 +65,9 @@ class Drop:
 class Estimate:
     """Bytes live per step of a schedule, updated as values are dropped."""
 
-    def __init__(self, graph: Graph, schedule: Sequence[int], timeline: Timeline,
-                 merge_segments: bool = False):
-        self.graph = graph
+    def __init__(self, scheduled: Scheduled, merge_segments: bool = False):
+        self.graph = graph = scheduled.graph
+        timeline = scheduled.timeline
         # Whether a drop that one earlier region needs joins that region (one
         # recomputation for both, kept as a segment) instead of getting its own.
         self.merge_segments = merge_segments
@@ -77,19 +76,15 @@ class Estimate:
         # step -> bytes a region's recomputation holds just before that step, on
         # top of what is live after the previous step
         self.transient: dict[int, int] = {}
-        self.position = [0] * graph.num_ops
-        for step, op in enumerate(schedule):
-            self.position[op] = step
+        self.position = scheduled.position
         self.fused = timeline.fused
         # _rebuild_peak's answers on this order (they depend on nothing else)
-        self.rebuild_peaks: dict[tuple, int] = graph.memo(
-            "_rebuild_peaks", dict, full=lambda memo: len(memo) >= TRAJECTORIES_KEPT
-        ).setdefault(tuple(schedule), {})
+        self.rebuild_peaks: dict[tuple, int] = scheduled.caches.rebuild_peaks
         self.born = [-1] * len(graph.values)
         for op, step in enumerate(self.position):
             for v in graph.ops[op].outputs:
                 self.born[v] = step
-        n = len(schedule)
+        n = len(scheduled.schedule)
         # The step after which each value is gone: never for inputs and outputs,
         # always for fused values (they never exist in memory to be reused).
         self.dies = [-1 if self.fused[v] else n if d == -1 else d
@@ -103,7 +98,7 @@ class Estimate:
         # Whether a sweep found nothing left to drop short of its target: a sweep
         # for any lower target drops the same values.
         self.exhausted = False
-        self.anchor = anchor_steps(graph, schedule)
+        self.anchor = scheduled.anchor
 
     def joins(self, extends: Sequence[int]) -> bool:
         """Whether a drop extending these drops joins the one region (a segment)."""

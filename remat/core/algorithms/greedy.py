@@ -4,7 +4,7 @@ In the spirit of XLA's ``HloRematerialization``: drop values live at the peak,
 best bytes per recompute cost first, until the peak is under the limit
 (:mod:`~remat.core.algorithms.sweep`, over the linear memory estimate of
 :mod:`~remat.core.algorithms.estimate`). The regions chosen are then applied once
-(``remat.core.plan.apply_plan``) and simulated for real; if the real peak is over
+(``remat.core.evaluate.evaluate``) and simulated for real; if the real peak is over
 the limit, the engine sweeps again aiming lower by the difference (``_REAIM``
 sweeps in all at most), unless the sweep ran out of values to drop and none were
 given back: aiming lower would drop the same.
@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..graph import Graph
+from ..evaluate import evaluate
 from ..options import RematOptions
-from ..plan import PlanError, evaluate
-from ..simulate import Timeline, simulate
+from ..plan import PlanError
+from ..scheduled import Scheduled
 from .estimate import Drop, Estimate
 from .result import PlanResult, best_of, consolidated
 from .sweep import Strategy, swept
@@ -53,7 +53,7 @@ def give_back(est: Estimate, target: int) -> list[Drop]:
     return kept
 
 
-def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
+def run_greedy(scheduled: Scheduled, options: RematOptions,
                phases: Sequence[Strategy],
                keep: Callable[[Estimate, int], list[Drop]] | None = None,
                consolidate: bool = True) -> PlanResult:
@@ -67,21 +67,19 @@ def run_greedy(graph: Graph, schedule: Sequence[int], options: RematOptions,
     limit (:func:`consolidated` unless ``consolidate`` is false), or else the one
     with the lower peak.
     """
-    baseline = simulate(graph, schedule)
     results = [r for merge in (False, True)
-               if (r := _run(graph, schedule, options, phases, keep, baseline, merge))]
+               if (r := _run(scheduled, options, phases, keep, merge))]
     if not results:   # no realizable plan: the program as written, limit not met
-        rw, tl = evaluate(graph, schedule, [])
-        return PlanResult((), rw, tl, baseline, options.model_target_bytes)
+        rw, tl = evaluate(scheduled, [])
+        return PlanResult((), rw, tl, scheduled.timeline, options.model_target_bytes)
     best = best_of(results)
     if not best.met or not consolidate:
         return best
-    return consolidated(graph, schedule, best, best.limit_bytes)
+    return consolidated(scheduled, best, best.limit_bytes)
 
 
-def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,
-         phases: Sequence[Strategy], keep, baseline: Timeline,
-         merge_segments: bool) -> PlanResult | None:
+def _run(scheduled: Scheduled, options: RematOptions, phases: Sequence[Strategy],
+         keep, merge_segments: bool) -> PlanResult | None:
     """One planning run: sweep with the estimate, simulate, re-aim if short.
     A plan whose regions cannot be realized (merged regions depending on each
     other in a cycle, or a rebuild reading a value its own block defines later)
@@ -90,15 +88,15 @@ def _run(graph: Graph, schedule: Sequence[int], options: RematOptions,
     best: PlanResult | None = None
     target = limit
     for _ in range(_REAIM):
-        est = swept(graph, schedule, baseline, merge_segments, target, options, phases)
+        est = swept(scheduled, merge_segments, target, options, phases)
         drops = est.drops
         if keep is not None:
             drops = keep(est, target)
         try:
-            rw, tl = evaluate(graph, schedule, est.regions(drops))
+            rw, tl = evaluate(scheduled, est.regions(drops))
         except PlanError:
             break
-        result = PlanResult(tuple(rw.regions), rw, tl, baseline, limit)
+        result = PlanResult(tuple(rw.regions), rw, tl, scheduled.timeline, limit)
         if best is None or (tl.peak_bytes, rw.extra_flops) < (
                 best.timeline.peak_bytes, best.extra_flops):
             best = result

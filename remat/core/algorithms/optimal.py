@@ -38,7 +38,7 @@ returned then has the least estimated peak any selection reaches.
 Example::
 
     >>> from remat.core.options import RematOptions
-    >>> from remat.core.simulate import simulate
+    >>> from remat.core.scheduled import on_schedule
     >>> from remat.core.graph import GraphBuilder
     >>> b = GraphBuilder()
     >>> x = b.add_input(10)
@@ -47,7 +47,8 @@ Example::
     >>> y, = b.add_op("g", [a2], [10])
     >>> z, = b.add_op("h", [y, a1], [10])
     >>> g = b.build(outputs=[z])
-    >>> r = plan_optimal(g, (0, 1, 2, 3), RematOptions(220, "optimal", small_node_bytes=0))
+    >>> s = on_schedule(g, (0, 1, 2, 3))
+    >>> r = plan_optimal(s, RematOptions(220, "optimal", small_node_bytes=0))
     >>> r.met, r.extra_flops, r.status
     (True, 5.0, 'optimal')
 """
@@ -57,12 +58,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Sequence
-
-from ..graph import Graph
+from ..evaluate import evaluate
 from ..options import RematOptions
-from ..plan import PlanError, Region, evaluate
-from ..simulate import simulate
+from ..plan import PlanError, Region
+from ..scheduled import Scheduled
 from .optimal_candidates import candidates
 from .optimal_program import Program
 from .path import plan_path
@@ -77,16 +76,14 @@ log = logging.getLogger("remat")
 _ROUNDS = 12
 
 
-def plan_optimal(graph: Graph, schedule: Sequence[int],
-                 options: RematOptions) -> PlanResult:
+def plan_optimal(scheduled: Scheduled, options: RematOptions) -> PlanResult:
     """Plans with the ``"optimal"`` algorithm (see the module docstring)."""
     limit = options.model_target_bytes
     clock = time.perf_counter()
-    baseline = simulate(graph, schedule)
-    heuristics = [heuristic(graph, schedule, options)
-                  for heuristic in (plan_path, plan_standard)]
+    graph, baseline = scheduled.graph, scheduled.timeline
+    heuristics = [heuristic(scheduled, options) for heuristic in (plan_path, plan_standard)]
     seeds = [r for h in heuristics for r in h.regions]
-    cands = candidates(graph, schedule, baseline, options, seeds)
+    cands = candidates(scheduled, options, seeds)
     program = Program(baseline, cands)
     say = log.info if options.verbose else log.debug
     say("remat optimal: %d ops, %d candidates, %d exclusive groups, %d conflicts "
@@ -98,7 +95,7 @@ def plan_optimal(graph: Graph, schedule: Sequence[int],
                              num_candidates=len(cands), **kw)
 
     if baseline.peak_bytes <= limit or not cands:
-        rw, tl = evaluate(graph, schedule, [])
+        rw, tl = evaluate(scheduled, [])
         return result([], rw, tl, status="optimal" if baseline.peak_bytes <= limit
                       else "no_candidates", gap=0.0 if baseline.peak_bytes <= limit
                       else None, bound=0.0 if baseline.peak_bytes <= limit else None)
@@ -129,7 +126,7 @@ def plan_optimal(graph: Graph, schedule: Sequence[int],
         status = "optimal" if res.status == 0 else "time_limit"
         regions = [Region(cands[i].chain, cands[i].consumers) for i in chosen]
         try:
-            rw, tl = evaluate(graph, schedule, regions)
+            rw, tl = evaluate(scheduled, regions)
         except PlanError as e:
             say("remat optimal: selection rejected by apply_plan (%s); excluded", e)
             program.cuts.append(chosen)
@@ -171,9 +168,9 @@ def plan_optimal(graph: Graph, schedule: Sequence[int],
                   if res.x is not None else [])
         regions = [Region(cands[i].chain, cands[i].consumers) for i in chosen]
         try:
-            rw, tl = evaluate(graph, schedule, regions)
+            rw, tl = evaluate(scheduled, regions)
         except PlanError:
-            rw, tl = evaluate(graph, schedule, [])
+            rw, tl = evaluate(scheduled, [])
         best = result(regions, rw, tl, status=status or "infeasible", gap=None,
                       bound=None)
         say("remat optimal: limit %d bytes out of reach (%s); least peak found %d",

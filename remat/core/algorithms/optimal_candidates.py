@@ -42,7 +42,7 @@ from typing import Sequence
 from ..graph import Graph
 from ..options import RematOptions
 from ..plan import Region, convex_hull
-from ..simulate import Timeline, anchor_steps
+from ..scheduled import Scheduled
 from .cost import op_cost
 from .recomputable import recomputable
 
@@ -86,31 +86,28 @@ class Candidate:
     upto: int | None = None
 
 
-def candidates(graph: Graph, schedule: Sequence[int], timeline: Timeline,
-               options: RematOptions, seeds: Sequence[Region] = ()
-               ) -> list[Candidate]:
-    """Every candidate drop of ``graph`` over ``schedule`` (see the module
-    docstring), and one per region of ``seeds``.
+def candidates(scheduled: Scheduled, options: RematOptions,
+               seeds: Sequence[Region] = ()) -> list[Candidate]:
+    """Every candidate drop of ``scheduled.graph`` over its schedule (see the
+    module docstring), and one per region of ``seeds``.
 
     >>> from remat.core.graph import GraphBuilder
-    >>> from remat.core.simulate import simulate
+    >>> from remat.core.scheduled import on_schedule
     >>> b = GraphBuilder()
     >>> x = b.add_input(10)
     >>> a, = b.add_op("f", [x], [100])
     >>> a2, = b.add_op("f", [a], [100])
     >>> y, = b.add_op("g", [a2], [10])
     >>> z, = b.add_op("h", [y, a], [10])
-    >>> g, order = b.build([z]), (0, 1, 2, 3)
+    >>> s = on_schedule(b.build([z]), (0, 1, 2, 3))
     >>> [(c.value, c.t, c.chain) for c in candidates(
-    ...     g, order, simulate(g, order), RematOptions(0, "optimal", small_node_bytes=0))]
+    ...     s, RematOptions(0, "optimal", small_node_bytes=0))]
     [(1, 3, (0,))]
     """
+    graph, timeline = scheduled.graph, scheduled.timeline
     values, ops, users = graph.values, graph.ops, graph.users
     fused = timeline.fused
-    anchor = anchor_steps(graph, schedule)
-    position = [0] * graph.num_ops
-    for step, op in enumerate(schedule):
-        position[op] = step
+    anchor, position = scheduled.anchor, scheduled.position
     dies = timeline.last_use_step          # -1: never freed (inputs, outputs)
     inputs, outputs = set(graph.inputs), set(graph.outputs)
     resident = [0 if fused[v] else values[v].nbytes for v in range(len(values))]

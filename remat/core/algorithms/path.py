@@ -13,11 +13,9 @@ After the seed's "path" algorithm (microsoft/tensorflow-rematerialization):
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from ..graph import Graph
 from ..options import RematOptions
 from .greedy import give_back, run_greedy
+from ..scheduled import Scheduled
 from .recomputable import recomputable
 from .result import PlanResult
 from .sweep import Strategy
@@ -25,8 +23,7 @@ from .sweep import Strategy
 __all__ = ["plan_path"]
 
 
-def plan_path(graph: Graph, schedule: Sequence[int],
-              options: RematOptions) -> PlanResult:
+def plan_path(scheduled: Scheduled, options: RematOptions) -> PlanResult:
     """Plans with the ``"path"`` algorithm (see the module docstring)."""
     whole_paths = Strategy(allows=recomputable, start_depth=options.max_chain_ops)
-    return run_greedy(graph, schedule, options, [whole_paths], keep=give_back)
+    return run_greedy(scheduled, options, [whole_paths], keep=give_back)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from ..graph import Graph
 from ..plan import Region, Rewritten
+from ..scheduled import Scheduled
 from ..simulate import Timeline
 from .consolidate import merge_regions_simulated
 
@@ -85,7 +85,7 @@ def best_of(results: Sequence[PlanResult]) -> PlanResult:
     return min(results, key=lambda r: (r.timeline.peak_bytes, r.extra_flops))
 
 
-def cheapest_consolidated(graph: Graph, schedule: Sequence[int],
+def cheapest_consolidated(scheduled: Scheduled,
                           results: Sequence[PlanResult]) -> PlanResult:
     """:func:`best_of` ``results`` once each that meets its limit is
     :func:`consolidated` within it, consolidating only those that can still win.
@@ -96,7 +96,7 @@ def cheapest_consolidated(graph: Graph, schedule: Sequence[int],
     met = [i for i, r in enumerate(results) if r.met]
     if not met:
         return best_of(results)
-    ops = graph.ops
+    ops = scheduled.graph.ops
 
     def least_flops(result: PlanResult) -> float:
         recomputed = set().union(*(r.recompute for r in result.regions))
@@ -106,15 +106,14 @@ def cheapest_consolidated(graph: Graph, schedule: Sequence[int],
     for bound, i in sorted((least_flops(results[i]), i) for i in met):
         if best is not None and bound * (1 - 1e-9) > best.extra_flops:
             continue
-        merged = consolidated(graph, schedule, results[i], results[i].limit_bytes)
+        merged = consolidated(scheduled, results[i], results[i].limit_bytes)
         # the first of equally cheap plans wins, as in best_of
         if best is None or (merged.extra_flops, i) < (best.extra_flops, best_index):
             best, best_index = merged, i
     return best
 
 
-def consolidated(graph: Graph, schedule: Sequence[int], result: PlanResult,
-                 within: int) -> PlanResult:
+def consolidated(scheduled: Scheduled, result: PlanResult, within: int) -> PlanResult:
     """``result`` with its regions that rebuild the same ops merged while the
     simulated peak stays within ``within`` bytes (consolidate.py); the result
     keeps ``result``'s limit. Each try simulates the whole program, so big
@@ -122,8 +121,8 @@ def consolidated(graph: Graph, schedule: Sequence[int], result: PlanResult,
     A plan that missed its limit can be consolidated within its own peak: the
     same peak for less recompute."""
     _, simulated = merge_regions_simulated(
-        graph, schedule, result.regions, within,
-        max_trials=max(8, 20_000 // max(graph.num_ops, 1)),
+        scheduled, result.regions, within,
+        max_trials=max(8, 20_000 // max(scheduled.graph.num_ops, 1)),
         base=(result.rewritten, result.timeline))
     if simulated is None:     # no merge kept
         return result

@@ -17,10 +17,8 @@ growing block size). Unlike XLA's pass:
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from ..graph import Graph
 from ..options import RematOptions
+from ..scheduled import Scheduled
 from .greedy import give_back, run_greedy
 from .recomputable import recomputable
 from .result import PlanResult, cheapest_consolidated
@@ -34,9 +32,8 @@ STANDARD = Strategy(allows=recomputable)
 STANDARD_WIDE = Strategy(allows=recomputable, start_depth=8)
 
 
-def plan_standard(graph: Graph, schedule: Sequence[int],
-                  options: RematOptions) -> PlanResult:
+def plan_standard(scheduled: Scheduled, options: RematOptions) -> PlanResult:
     """Plans with the ``"standard"`` algorithm (see the module docstring)."""
-    return cheapest_consolidated(graph, schedule, [
-        run_greedy(graph, schedule, options, [start], keep=give_back, consolidate=False)
+    return cheapest_consolidated(scheduled, [
+        run_greedy(scheduled, options, [start], keep=give_back, consolidate=False)
         for start in (STANDARD, STANDARD_WIDE)])

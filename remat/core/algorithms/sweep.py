@@ -15,7 +15,8 @@ a chain not found stays not found. A value's drop across a peak step is reused
 until a drop reads the value or its chain is forgotten.
 
 Reuse across sweeps: which value a sweep drops next never depends on its
-target, only where it stops, so each graph keeps each phase's sweep (a
+target, only where it stops, so each graph on an order (its
+:class:`~remat.core.scheduled.Scheduled`) keeps each phase's sweep (a
 :class:`Trajectory`) and later sweeps, re-aimed or for another target, replay it
 and go on from its end (:func:`swept`). Replaying gives the plan a fresh sweep
 gives.
@@ -31,7 +32,7 @@ import numpy as np
 
 from ..graph import Graph
 from ..options import RematOptions
-from ..simulate import Timeline
+from ..scheduled import Scheduled
 from .cost import op_cost
 from .estimate import TRAJECTORIES_KEPT, Drop, Estimate, with_transients
 
@@ -262,21 +263,21 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy,
                 trajectory.depth = depth
 
 
-def swept(graph: Graph, schedule: Sequence[int], baseline: Timeline,
-          merge_segments: bool, target: int, options: RematOptions,
-          phases: Sequence[Strategy]) -> Estimate:
+def swept(scheduled: Scheduled, merge_segments: bool, target: int,
+          options: RematOptions, phases: Sequence[Strategy]) -> Estimate:
     """A fresh estimate swept to ``target`` by each of ``phases`` in turn: the
-    drops :func:`sweep` takes, replayed from the graph's :class:`Trajectory` of
-    each phase as far as it goes, and swept on from its end. A phase starts only
-    once the one before it has nothing left to drop (else the target is
+    drops :func:`sweep` takes, replayed from ``scheduled``'s :class:`Trajectory`
+    of each phase as far as it goes, and swept on from its end. A phase starts
+    only once the one before it has nothing left to drop (else the target is
     reached), so from the same state every time: its trajectory is kept per the
     phases before it too."""
-    known = graph.memo("_trajectories", dict,
-                       full=lambda memo: len(memo) >= TRAJECTORIES_KEPT)
-    est = Estimate(graph, schedule, baseline, merge_segments)
+    known = scheduled.caches.trajectories
+    if len(known) >= TRAJECTORIES_KEPT:
+        known.clear()
+    est = Estimate(scheduled, merge_segments)
     for n, strategy in enumerate(phases):
-        key = (tuple(schedule), tuple(phases[:n + 1]), merge_segments,
-               options.small_node_bytes, options.max_chain_ops)
+        key = (tuple(phases[:n + 1]), merge_segments, options.small_node_bytes,
+               options.max_chain_ops)
         trajectory = known.setdefault(key, Trajectory(depth=strategy.start_depth))
         for k, drop in enumerate(trajectory.drops):
             if trajectory.peaks[k] <= target:
