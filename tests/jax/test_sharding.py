@@ -138,6 +138,33 @@ def test_sharding_annotation_costs_nothing_in_a_program_on_one_device():
     assert jaxpr_to_graph(closed).ops[0].flops < 100
 
 
+# ------------------------------------------------------------- region order
+
+def test_regions_are_chained_in_the_plans_order():
+    """Each region after the first reads the previous one's ran flag (its last
+    result), so the compiler cannot run a region out of the planned order; the
+    chained program computes what the plain one does."""
+    import remat
+    keys = jax.random.split(jax.random.key(1), 7)
+    ws = [jax.random.normal(k, (64, 64)) / 8 for k in keys[:-1]]
+    x = jax.random.normal(keys[-1], (2048, 64))
+
+    def loss(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x ** 2)
+    grad = jax.grad(loss)
+    p = remat.plan(grad, ws, x, memory_limit=0.75)
+    regions = [e for e in p.jaxpr.jaxpr.eqns if e.primitive.name == "remat"]
+    assert len(regions) >= 2
+    for before, after in zip(regions, regions[1:]):
+        flag = before.outvars[-1]
+        assert flag.aval.shape == () and flag in after.invars
+    for got, want in zip(jax.tree.leaves(p.compiled(ws, x)),
+                         jax.tree.leaves(jax.jit(grad)(ws, x))):
+        assert jnp.max(jnp.abs(got - want)) <= 1e-5 * jnp.max(jnp.abs(want))
+
+
 # ------------------------------------------------------------- shard_map pieces
 
 def _one_device_shard_map(fun, out_specs):
