@@ -7,10 +7,15 @@ one ``remat_p`` equation (``differentiated=True``, so it is lowered as an opaque
 region, gated on its late inputs on CPU) whose body runs the copies and then the consumers; it
 takes every value the block reads from outside (those the copies read first, then
 the ones only the consumers read: ``num_late``, the late inputs the lowering may
-gate on) and returns every value the block defines that is read after it.
+gate on) and returns every value the block defines that is read after it. The
+regions are chained in the plan's order (``_after``): each returns a flag the next
+one reads, so the compiler runs them in the order the plan was simulated in.
 """
 
 from __future__ import annotations
+
+import numpy as np
+from jax import lax
 
 from remat._jax.compat import core, region_debug_info
 from remat._jax.primitive import remat_p
@@ -26,6 +31,7 @@ def rewrite_jaxpr(jaxpr: core.Jaxpr, plan: Rewritten, lowering: str | None = Non
     last_read = _last_reads(jaxpr, plan)
     new_eqns = []
     step = 0
+    done = None          # the previous region's "ran" flag (see _after)
     while step < len(plan.schedule):
         op = plan.schedule[step]
         if plan.region[op] < 0:
@@ -33,11 +39,63 @@ def rewrite_jaxpr(jaxpr: core.Jaxpr, plan: Rewritten, lowering: str | None = Non
             step += 1
             continue
         block = plan.blocks[block_start[op]]
-        new_eqns.append(_region_eqn(
+        eqn = _region_eqn(
             [eqns[plan.origin[o]] for o in block], [plan.is_copy[o] for o in block],
-            last_read, step + len(block) - 1, lowering))
+            last_read, step + len(block) - 1, lowering)
+        eqn, done = _after(eqn, done)
+        new_eqns.append(eqn)
         step += len(block)
     return jaxpr.replace(eqns=new_eqns)
+
+
+_F32 = np.dtype("float32")
+
+
+def _after(eqn: core.JaxprEqn, done: core.Var | None
+           ) -> tuple[core.JaxprEqn, core.Var]:
+    """``eqn`` (a region) made to run after the region whose *ran* flag is
+    ``done``, and its own flag.
+
+    Each region returns one more value, the scalar 1.0, its ran flag: where the
+    region is a conditional (the CPU lowering) the taken branch returns it, a
+    value no pass can fold. The next region reads the previous one's flag: its
+    smallest early input ``x`` enters the body as ``select(ran == 1, x, 0)``, the
+    same bits at run time. So the regions run in the order the planner simulated;
+    left free, XLA:CPU's depth-first scheduler runs a region whose result is needed
+    only at the end (a weight gradient) after all the others, and holds every value
+    it reads meanwhile. Nothing is communicated: the flag is a constant of each
+    device's own branch. Where a region is inlined (``"barrier"``, ``"gate"``), the
+    flag is a constant and the select folds away: no order, no cost.
+    """
+    body = eqn.params["jaxpr"]
+    num_early = len(eqn.invars) - eqn.params["num_late"]
+    early = [v for v in body.invars[:num_early]
+             if type(v.aval) is core.ShapedArray and v.aval.size > 0]
+    eqns, invars, body_invars = list(body.eqns), list(eqn.invars), list(body.invars)
+    if done is not None and early:
+        x = min(early, key=lambda v: v.aval.size * v.aval.dtype.itemsize)
+        flag, which = core.Var(done.aval), core.Var(core.ShapedArray((), np.bool_))
+        zeros, gated = core.Var(x.aval), core.Var(x.aval)
+        scalar = core.ShapedArray((), x.aval.dtype)
+        eqns = [_new(lax.eq_p, [flag, core.Literal(np.float32(1), done.aval)], [which],
+                     {}),
+                _new(lax.broadcast_in_dim_p, [core.Literal(np.zeros((), x.aval.dtype),
+                                                           scalar)], [zeros],
+                     dict(shape=x.aval.shape, broadcast_dimensions=(), sharding=None)),
+                _new(lax.select_n_p, [which, zeros, x], [gated], {}),
+                *(e.replace(invars=[gated if v is x else v for v in e.invars])
+                  for e in eqns)]
+        invars.insert(num_early, done)
+        body_invars.insert(num_early, flag)
+    ran = core.Var(core.ShapedArray((), _F32))
+    outvars = [*body.outvars, core.Literal(np.float32(1), core.ShapedArray((), _F32))]
+    new_body = body.replace(invars=body_invars, outvars=outvars, eqns=eqns)
+    params = dict(eqn.params, jaxpr=new_body)
+    return eqn.replace(invars=invars, outvars=[*eqn.outvars, ran], params=params), ran
+
+
+def _new(prim, invars, outvars, params) -> core.JaxprEqn:
+    return core.new_jaxpr_eqn(invars, outvars, prim, params, core.no_effects)
 
 
 def _last_reads(jaxpr: core.Jaxpr, plan: Rewritten) -> dict:
