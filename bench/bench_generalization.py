@@ -250,14 +250,14 @@ def failures(rows: list[Row]) -> list[str]:
     return out
 
 
-def write(rows: list[Row], fractions, quick: bool) -> str:
+def write(rows: list[Row], fractions, flags: str) -> str:
     text = summary(rows)
     descriptions = "\n".join(f"- {r.name}: {r.description}" for r in rows)
     notes = failures(rows)
     result_file("generalization").write_text(
         "# Generalization: the automatic pass on random programs\n\n"
         f"`python -m bench.bench_generalization --seeds {len(rows)}"
-        f"{' --quick' if quick else ''}` ({jax.default_backend()}). Footprints are "
+        f"{flags}` ({jax.default_backend()}). Footprints are "
         "XLA's (argument + output + temp - alias), in MiB. Sweep columns: the plain "
         "arguments and outputs plus that fraction of the plain temporaries.\n\n"
         f"**{text}**\n\n" + table(rows, fractions) + "\n\n"
@@ -274,6 +274,8 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true",
                         help=f"sweep {QUICK_FRACTIONS} instead of {FULL_FRACTIONS}, "
                              "and no comparison with the optimal algorithm")
+    parser.add_argument("--optimal", action="store_true",
+                        help="compare with the optimal algorithm under --quick too")
     parser.add_argument("--jobs", type=int, default=1,
                         help="programs measured at once, one process each (default 1; "
                              "timings are only comparable within one setting)")
@@ -284,7 +286,7 @@ def main(argv=None) -> None:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     fractions = QUICK_FRACTIONS if args.quick else FULL_FRACTIONS
     task = functools.partial(measure_seed, fractions=fractions,
-                             with_optimal=not args.quick)
+                             with_optimal=args.optimal or not args.quick)
     rows = []
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         for r in pool.imap(task, range(args.seeds)):
@@ -293,7 +295,8 @@ def main(argv=None) -> None:
                   f"{'/'.join(_mib(r.hand[k]) for k in SEGMENTS)}, least "
                   f"{_mib(r.least)}, hand met {sum(a.met for a in r.hand_attempts)}/"
                   f"{len(r.hand_attempts)}, monotone {not r.violations}", flush=True)
-            text = write(rows, fractions, args.quick)
+            text = write(rows, fractions, " --quick" * args.quick +
+                         " --optimal" * (args.optimal and args.quick))
     print(text)
 
 
