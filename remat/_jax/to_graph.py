@@ -166,9 +166,7 @@ class _Flattener:
                     self._computed[key] = outs
                 flops, transcendentals, working_set = _cost(eqn)
                 if self._sizes and eqn.primitive.name != "shard_map":
-                    # per device: the share of the results it makes
-                    whole = sum(self._describe(var.aval)[0] for var in eqn.outvars)
-                    share = sum(self.value_bytes[o] for o in outs) / whole if whole else 1
+                    share = self._device_share(eqn, ins, outs)
                     flops, transcendentals = flops * share, transcendentals * share
                 if communicates(eqn, partitioned=bool(self._sizes)):
                     flops += COMMUNICATION_FLOPS_PER_BYTE * sum(self.value_bytes[o]
@@ -181,6 +179,21 @@ class _Flattener:
             for var, v in zip(eqn.outvars, outs):
                 env[var] = v
         return [read(a) for a in jaxpr.outvars]
+
+    def _device_share(self, eqn: JaxprEqn, ins: list[int | None], outs: list[int]
+                      ) -> float:
+        """The share of ``eqn``'s work one device does: that of the results it
+        makes, or less where its largest operand is split further (a dot whose
+        contracted dimension is split makes whole partial sums from a share of the
+        products)."""
+        whole = sum(self._describe(var.aval)[0] for var in eqn.outvars)
+        share = sum(self.value_bytes[o] for o in outs) / whole if whole else 1.0
+        operands = [(self._describe(var.aval)[0], self.value_bytes[i])
+                    for var, i in zip(eqn.invars, ins) if i is not None]
+        if operands:
+            largest, local = max(operands)
+            share = min(share, local / largest if largest else 1.0)
+        return share
 
     def _add_upcast_matmul(self, eqn: JaxprEqn, ins: list[int | None], source: str
                            ) -> list[int]:

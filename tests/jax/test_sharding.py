@@ -110,6 +110,16 @@ def test_graph_uses_per_device_sizes_and_scales_flops():
     assert split.ops[0].flops == whole.ops[0].flops / 4
 
 
+def test_a_dot_over_a_split_contracted_axis_does_a_share_of_the_work():
+    # x^T @ dh with the batch split over 4 devices: each device sums a quarter of
+    # the products into a whole partial result.
+    closed = jax.make_jaxpr(lambda x, dh: x.T @ dh)(jnp.ones((32, 4)), jnp.ones((32, 6)))
+    sizes = per_device_bytes(closed.jaxpr, [(("d",), ()), (("d",), ())], {"d": 4})
+    whole, split = jaxpr_to_graph(closed), jaxpr_to_graph(closed, value_bytes=sizes)
+    dot = [k for k, op in enumerate(whole.ops) if op.label.startswith("dot_general")][0]
+    assert split.ops[dot].flops == whole.ops[dot].flops / 4
+
+
 def test_collectives_are_counted_as_communication():
     mesh = jax.make_mesh((1,), ("i",), axis_types=(jax.sharding.AxisType.Auto,))
     f = jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh,
