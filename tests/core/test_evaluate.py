@@ -4,23 +4,12 @@ import pytest
 
 from remat.core import evaluate as evaluate_module
 from remat.core.evaluate import evaluate, known_peak
-from remat.core.graph import GraphBuilder
 from remat.core.plan import PlanError, Region, apply_plan
 from remat.core.scheduled import on_schedule
 from remat.core.simulate import simulate
 
 from .random_graphs import training_chain
-
-
-def _unrealizable():
-    """A graph and a region whose copy of op 1 reads ``a``, which op 0 defines
-    inside the same block: the block would have to run before itself."""
-    b = GraphBuilder()
-    x = b.add_input(10)
-    (a,) = b.add_op("a", [x], [10])
-    (c,) = b.add_op("c", [a], [10])
-    (d,) = b.add_op("d", [c, a], [10])
-    return b.build(outputs=[d]), [Region(recompute=(1,), consumers=(0,))]
+from .test_plan import _unrealizable
 
 
 def test_evaluate_is_apply_plan_then_simulate():
