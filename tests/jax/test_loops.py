@@ -245,3 +245,37 @@ def test_flax_scan_unchanged_meets_half_and_names_the_users_line():
     want, got = jax.jit(grad)(params, x), plan.compiled(params, x)
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+
+
+def test_an_equinox_scanned_stack_unchanged_meets_half_and_a_third():
+    eqx = pytest.importorskip("equinox")
+
+    class Block(eqx.Module):
+        up: eqx.nn.Linear
+        down: eqx.nn.Linear
+
+        def __init__(self, key):
+            k1, k2 = jax.random.split(key)
+            self.up, self.down = eqx.nn.Linear(64, 128, key=k1), eqx.nn.Linear(128, 64, key=k2)
+
+        def __call__(self, x):
+            return x + jax.vmap(self.down)(jnp.tanh(jax.vmap(self.up)(x)))
+
+    # Equinox's scan-over-layers pattern: the blocks made by filter_vmap, their
+    # arrays stacked, the rest static, recombined inside the scan body.
+    blocks = eqx.filter_vmap(Block)(jax.random.split(jax.random.key(0), 12))
+    arrays, static = eqx.partition(blocks, eqx.is_array)
+
+    def loss(arrays, x):
+        def body(h, layer):
+            return eqx.combine(layer, static)(h), None
+        return jnp.sum(jax.lax.scan(body, x, arrays)[0] ** 2)
+
+    x = jax.random.normal(jax.random.key(1), (256, 64))
+    grad = jax.grad(loss)
+    want = jax.jit(grad)(arrays, x)
+    for fraction in (0.5, 0.3):
+        plan = remat.plan(grad, arrays, x, memory_limit=fraction)
+        assert plan.met and plan.loops, fraction
+        for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(plan.compiled(arrays, x))):
+            np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
