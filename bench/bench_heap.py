@@ -31,7 +31,6 @@ from bench.output import result_file
 from remat._jax.planner import Planner
 from remat._jax.program import CallSpec, trace_program
 from remat.core.options import resolve_options
-from remat.core.simulate import simulate
 
 #: The U-Net's targets above its floor, as a fraction of its temporaries apart.
 _TARGET_STEP = 0.0025

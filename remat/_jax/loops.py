@@ -223,7 +223,6 @@ def live_eqns(body: core.Jaxpr, outvars) -> list:
 def rewrite_pair(fwd: core.JaxprEqn, bwd: core.JaxprEqn, pair: LoopPair,
                   bmap: BodyMap, choice: LoopChoice):
     """The two equations of ``pair`` with ``choice`` applied."""
-    graph = bmap.body.graph
     length = bmap.body.length
     rebuilt = set(choice.rebuilt)
     dropped = [p for p, r in bmap.residual_of.items() if r in rebuilt]

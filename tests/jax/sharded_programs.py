@@ -22,7 +22,6 @@ import sys       # noqa: E402
 
 import jax       # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np       # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import remat     # noqa: E402
@@ -71,7 +70,6 @@ def fsdp():
     """Weights split over all devices by rows, gathered whole before each layer."""
     mesh = _mesh()
     whole = NamedSharding(mesh, P())
-    batch = NamedSharding(mesh, P(("data", "model"), None))
 
     def loss(ws, x):
         for w in ws:

@@ -1,8 +1,6 @@
 """remat.jit / remat.plan: limits met by XLA's own figure, gradients unchanged."""
 
-import dataclasses
 import os
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp

@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import remat
 from remat._jax import loop_nest
 from remat._jax.compat import core
 from remat._jax.inline import inline_calls
