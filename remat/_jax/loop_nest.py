@@ -39,8 +39,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from remat._jax.compat import core
-from remat._jax.loops import (BodyMap, LoopPair, find_loops, fresh_var, live_eqns,
-                              loop_body, rewrite_pair, unnamed)
+from remat._jax.loops import (BodyMap, LoopPair, backward_with, find_loops, fresh_var,
+                              live_eqns, loop_body, rewrite_pair, unnamed)
 from remat.core.loops import LoopChoice, NestedChoice, combine, loop_choices, pareto, spread
 
 __all__ = ["Joint", "LoopNest", "Variant", "joint_body", "split_joint", "plan_nests",
@@ -159,23 +159,12 @@ def split_joint(joint: Joint, jaxpr: core.Jaxpr) -> tuple[core.JaxprEqn, core.Ja
     residuals = {fwd.outvars[p] for p in pair.positions}
     keep = [k for k in range(bnc + bncarry, len(bwd.invars))
             if not (isinstance(bwd.invars[k], core.Var) and bwd.invars[k] in residuals)]
-    b_invars = (new_consts + bbody.invars[:bnc + bncarry] +
-                [bbody.invars[k] for k in keep] + new_xs + stack_slices)
     b_outs = [sub(v) for v in b_outvars]
-    new_bbody = core.Jaxpr([*bbody.constvars, *closed_vars], b_invars, b_outs,
-                           live_eqns(bbody.replace(eqns=body_eqns), b_outs),
-                           effects=core.join_effects(*(e.effects for e in body_eqns)),
-                           debug_info=unnamed(bbody.debug_info))
-    params = dict(bwd.params, num_consts=bnc + len(new_consts),
-                  jaxpr=core.ClosedJaxpr(new_bbody, [*bclosed.consts, *closed_vals]))
-    if "linear" in params:
-        linear = list(params["linear"])
-        params["linear"] = tuple([False] * len(new_consts) + linear[:bnc + bncarry] +
-                                 [linear[k] for k in keep] +
-                                 [False] * (len(new_xs) + len(stacks)))
-    b_in = (new_consts_in + bwd.invars[:bnc + bncarry] + [bwd.invars[k] for k in keep] +
-            new_xs_in + stacks)
-    return new_fwd, bwd.replace(invars=b_in, params=params), positions
+    new_bwd = backward_with(
+        bwd, live_eqns(bbody.replace(eqns=body_eqns), b_outs), b_outs, keep,
+        closure=(closed_vars, closed_vals), consts=(new_consts, new_consts_in),
+        xs=(new_xs + stack_slices, new_xs_in + stacks))
+    return new_fwd, new_bwd, positions
 
 
 # --------------------------------------------------------------------- planning

@@ -295,18 +295,35 @@ def rewrite_pair(fwd: core.JaxprEqn, bwd: core.JaxprEqn, pair: LoopPair,
     sub = lambda v: subst.get(v, v) if isinstance(v, core.Var) else v
     for e in bbody.eqns:
         body_eqns.append(e.replace(invars=[sub(v) for v in e.invars]))
-    b_invars = (extra_consts + bbody.invars[:bnc + bncarry] +
-                [bbody.invars[k] for k in keep_xs] + extra_xs)
-    new_bbody = core.Jaxpr(
-        [*bbody.constvars, *new_constvars], b_invars, [sub(v) for v in bbody.outvars],
-        body_eqns, effects=core.join_effects(*(e.effects for e in body_eqns)),
-        debug_info=unnamed(bbody.debug_info))
-    params = dict(bwd.params, num_consts=bnc + len(extra_consts),
-                  jaxpr=core.ClosedJaxpr(new_bbody, [*bclosed.consts, *new_consts]))
+    return new_fwd, backward_with(
+        bwd, body_eqns, [sub(v) for v in bbody.outvars], keep_xs,
+        closure=(new_constvars, new_consts), consts=(extra_consts, extra_consts_in),
+        xs=(extra_xs, extra_xs_in))
+
+
+def backward_with(bwd: core.JaxprEqn, eqns: list, outvars: list, keep: list[int], *,
+                  closure: tuple[list, list], consts: tuple[list, list],
+                  xs: tuple[list, list]) -> core.JaxprEqn:
+    """The backward scan ``bwd`` running ``eqns`` (returning ``outvars``) as its
+    body. Its operands: ``consts`` (body vars, outer operands) first, then its own
+    consts and carries, its scanned operands at positions ``keep``, and ``xs``
+    (body vars, outer operands) last; ``closure`` (body vars, values) joins the
+    body's closed-over constants. New operands are never linear."""
+    bclosed = bwd.params["jaxpr"]
+    bbody = bclosed.jaxpr
+    bnc, bncarry = _scan_parts(bwd)
+    (const_vars, const_in), (xs_vars, xs_in) = consts, xs
+    invars = (const_vars + bbody.invars[:bnc + bncarry] +
+              [bbody.invars[k] for k in keep] + xs_vars)
+    body = core.Jaxpr([*bbody.constvars, *closure[0]], invars, outvars, eqns,
+                      effects=core.join_effects(*(e.effects for e in eqns)),
+                      debug_info=unnamed(bbody.debug_info))
+    params = dict(bwd.params, num_consts=bnc + len(const_vars),
+                  jaxpr=core.ClosedJaxpr(body, [*bclosed.consts, *closure[1]]))
     if "linear" in params:
         linear = list(params["linear"])
-        params["linear"] = tuple([False] * len(extra_consts) + linear[:bnc + bncarry] +
-                                 [linear[k] for k in keep_xs] + [False] * len(extra_xs))
-    b_in = (extra_consts_in + bwd.invars[:bnc + bncarry] +
-            [bwd.invars[k] for k in keep_xs] + extra_xs_in)
-    return new_fwd, bwd.replace(invars=b_in, params=params)
+        params["linear"] = tuple([False] * len(const_vars) + linear[:bnc + bncarry] +
+                                 [linear[k] for k in keep] + [False] * len(xs_vars))
+    operands = (const_in + bwd.invars[:bnc + bncarry] + [bwd.invars[k] for k in keep] +
+                xs_in)
+    return bwd.replace(invars=operands, params=params)

@@ -151,8 +151,9 @@ class Planner:
         compiled = self.program.compile(m.jaxpr)
         footprint = XlaFootprint.of(compiled)
         self.compile_seconds += time.perf_counter() - start
-        final = dataclasses.replace(point, footprint=footprint.total, payload=dataclasses.replace(
-            m, compiled=compiled, footprint=footprint, final=True))
+        payload = dataclasses.replace(m, compiled=compiled, footprint=footprint,
+                                      final=True)
+        final = dataclasses.replace(point, footprint=footprint.total, payload=payload)
         self.frontier.update(final)
         return final
 
