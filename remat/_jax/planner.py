@@ -222,7 +222,8 @@ class Planner:
             return cand
 
         return Column(name, rungs(self.floor(order, least, algorithm), peak), per_xla,
-                      lambda limit: int(max(limit - scratch, 0) * per_xla), plan)
+                      lambda limit: int(max(limit - scratch, 0) * per_xla), plan,
+                      plans_quickly=algorithm != "optimal")
 
     def _measure(self, cand: Candidate) -> Point:
         result, small, lowering = cand.payload

@@ -22,8 +22,13 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    column's estimate of the limit in the model, compile; while the compiler reads
    the plan over the limit, step down by the miss converted into the model (at
    least one rung); once a plan is within it, bisect the rungs the last step
-   skipped (at most :data:`REFINES` plans: a higher rung recomputes less). The
-   first column whose walk meets the limit ends the walks.
+   skipped (at most :data:`REFINES` plans: a higher rung recomputes less).
+   Columns that plan quickly are walked first, the one whose plan at its start
+   recomputes least first (planning is cheap, compiling is not); the others
+   follow in their given order. Once a walk has met the limit, a column is walked
+   only if it plans quickly, ranks no worse than the answer so far and its start
+   plan recomputes less than that answer (its walk plans nothing above its start,
+   and lower rungs recompute more).
 3. If no walk met it, on each column every rung at or below its start not
    planned yet, until a plan is within the limit.
 4. The answer: the cheapest point known (from any limit asked of this frontier
@@ -129,6 +134,8 @@ class Column:
       rank: 0, or more for a column whose plans are worse in a way their extra
         FLOPs do not show (e.g. a slower lowering): of two points with equal
         extra FLOPs within a limit, the one of the lower rank answers it.
+      plans_quickly: whether a plan takes far less time than a compile (the
+        search plans such a column's start rung to decide whether to walk it).
     """
     name: str
     rungs: tuple[int, ...]
@@ -136,6 +143,7 @@ class Column:
     estimate: Callable[[int], int]
     plan: Callable[[int], Candidate]
     rank: int = 0
+    plans_quickly: bool = True
 
 
 def rungs(floor: int, peak: int, count: int = RUNGS, fine: int = FINE_RUNGS
@@ -173,14 +181,21 @@ class Frontier:
         if plain is not None:      # a plan recomputing nothing is the plain program
             self.points[plain.key] = plain
         self._planned: dict[tuple[int, int], Candidate] = {}   # (column, rung)
+        self._measured: set[tuple[int, int]] = set()           # (column, rung)
         self.compiles = 0
 
-    def point(self, column: int, rung: int) -> Point:
-        """The plan of ``column`` at ``rung``, compiled (each plan once)."""
+    def candidate(self, column: int, rung: int) -> Candidate:
+        """The plan of ``column`` at ``rung`` (each planned once)."""
         cand = self._planned.get((column, rung))
         if cand is None:
             col = self.columns[column]
             cand = self._planned[column, rung] = col.plan(col.rungs[rung])
+        return cand
+
+    def point(self, column: int, rung: int) -> Point:
+        """The plan of ``column`` at ``rung``, compiled (each plan once)."""
+        cand = self.candidate(column, rung)
+        self._measured.add((column, rung))
         known = self.points.get(cand.key)
         if known is None:
             self.compiles += 1
@@ -192,12 +207,19 @@ class Frontier:
                      known.extra_flops)
         return known
 
-    def walk(self, column: int, limit: int) -> bool:
-        """Step 2 of the module's search on one column; True if a plan met it."""
+    def walk(self, column: int, limit: int, bound: float = math.inf) -> bool:
+        """Step 2 of the module's search on one column; True if a plan met it.
+
+        A plan that recomputes ``bound`` FLOPs or more (those of an answer
+        already known) is not compiled: the walk ends at one, and a refine
+        skips one; so does a refine whose plan recomputes no less than the
+        plan that met the limit."""
         col = self.columns[column]
         k = self.start(column, limit)
         missed = None
         while True:
+            if self.candidate(column, k).extra_flops >= bound:
+                return False
             p = self.point(column, k)
             if p.footprint <= limit:
                 break
@@ -207,11 +229,14 @@ class Frontier:
             peak = min(col.rungs[k], self._planned[column, k].model_peak)
             target = peak - math.ceil((p.footprint - limit) * col.model_per_xla)
             k = max(min(k - 1, bisect.bisect_right(col.rungs, target) - 1), 0)
-        met = k
-        for _ in range(REFINES):
-            if missed is None or missed - met <= 1:
-                break
+        met, refines = k, 0
+        while refines < REFINES and missed is not None and missed - met > 1:
             mid = (met + missed) // 2
+            if self.candidate(column, mid).extra_flops >= min(
+                    bound, self.point(column, met).extra_flops):
+                missed = mid        # no less recompute: nothing to gain
+                continue
+            refines += 1
             if self.point(column, mid).footprint <= limit:
                 met = mid
             else:
@@ -228,9 +253,9 @@ class Frontier:
     def fill(self, limit: int) -> bool:
         """Step 3: the rungs at or below each column's start not planned yet, from
         the top down, until a plan meets ``limit``; True if one did."""
-        for c in range(len(self.columns)):
+        for c in self.walk_order(limit):
             for k in reversed(range(self.start(c, limit) + 1)):
-                if (c, k) not in self._planned and self.point(c, k).footprint <= limit:
+                if (c, k) not in self._measured and self.point(c, k).footprint <= limit:
                     return True
         return False
 
@@ -258,14 +283,34 @@ class Frontier:
         steps 1-4); None if no plan of the frontier is within it."""
         if self.plain is not None and self.plain.footprint <= limit:
             return self.plain
-        if not any(self.walk(c, limit) for c in range(len(self.columns))):
+        met = None
+        for c in self.walk_order(limit):
+            col = self.columns[c]
+            if met is not None and not (
+                    col.plans_quickly and col.rank <= met.rank
+                    and self._start_flops(c, limit) < met.extra_flops):
+                continue
+            if self.walk(c, limit, math.inf if met is None else met.extra_flops):
+                met = self.best_under(limit)
+        if met is None:
             self.fill(limit)
         return self.best_under(limit)
 
+    def walk_order(self, limit: int) -> list[int]:
+        """The columns in the order step 2 walks them for ``limit``: those that
+        plan quickly by their start plan's extra FLOPs (ties in the given
+        order), then the others in the given order."""
+        quick = sorted((c for c, col in enumerate(self.columns) if col.plans_quickly),
+                       key=lambda c: self._start_flops(c, limit))
+        return quick + [c for c, col in enumerate(self.columns) if not col.plans_quickly]
+
+    def _start_flops(self, column: int, limit: int) -> float:
+        return self.candidate(column, self.start(column, limit)).extra_flops
+
     @property
     def exhausted(self) -> bool:
-        """Whether every rung of every column has been planned."""
-        return len(self._planned) == sum(len(c.rungs) for c in self.columns)
+        """Whether every rung of every column has been compiled."""
+        return len(self._measured) == sum(len(c.rungs) for c in self.columns)
 
     def _known(self) -> list[Point]:
         return list(self.points.values())

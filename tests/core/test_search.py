@@ -5,6 +5,7 @@ depends on the plan alone (as XLA's heap packing does): footprints are not
 monotone in the planning target, which is what the search must survive.
 """
 
+import dataclasses
 import random
 
 from hypothesis import given, settings, strategies as st
@@ -132,10 +133,58 @@ def test_a_miss_steps_down_by_the_miss_then_bisects_back():
         PEAK - s for s in steps if s + (100 if s > 700 else -100) <= 850)
 
 
-def test_the_first_column_that_meets_ends_the_walks():
-    measure, compiled = _fake_compiler(2, spread=0)
-    f = Frontier([_column("a", 0), _column("b", 1)], measure)
-    assert f.answer(800).column == "a" and {k[0] for k in compiled} == {"a"}
+def test_a_column_that_cannot_recompute_less_than_the_answer_is_not_walked():
+    # b plans the same peaks as a at twice the FLOPs: once a met the limit,
+    # nothing of b is compiled, whichever order the columns are given in.
+    for names in (("a", "b"), ("b", "a")):
+        measure, compiled = _fake_compiler(2, spread=0)
+        seeds = {"a": 0, "b": 1}
+        f = Frontier([_column(n, seeds[n]) for n in names], measure)
+        assert f.answer(800).column == "a" and {k[0] for k in compiled} == {"a"}
+
+
+def _steep_and_flat():
+    """Two columns over the same rungs: "steep" recomputes little at its start
+    but the compiler reads its plans 150 over their model peak, so its walk ends
+    low and dear; "flat" recomputes 400 at every rung and is read as planned."""
+    def column(name, flops):
+        return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
+                      lambda t: Candidate((name, t), t, flops(t)))
+
+    steep = column("steep", lambda t: float(PEAK - t))
+    flat = column("flat", lambda t: 400.0)
+    compiled = []
+
+    def measure(cand):
+        compiled.append(cand.key)
+        over = 150 if cand.key[0] == "steep" else 0
+        return Point(cand.key, cand.model_peak + over, cand.extra_flops, "")
+    return steep, flat, measure, compiled
+
+
+def test_columns_are_walked_cheapest_start_plan_first_while_they_may_recompute_less():
+    steep, flat, measure, compiled = _steep_and_flat()
+    f = Frontier([flat, steep], measure)
+    got = f.answer(800)
+    # steep's start plan recomputes 200 (< 400): walked first, it meets the
+    # limit only around 650 (recomputing 350); flat's start plan recomputes
+    # more than that, so flat is not compiled at all
+    assert compiled[0][0] == "steep" and {k[0] for k in compiled} == {"steep"}
+    assert got.column == "steep" and got.extra_flops <= 400
+    # at 700 steep must go down to about 550 (450 > 400): flat is walked too,
+    # and answers with less recompute
+    got = f.answer(700)
+    assert got.column == "flat" and got.extra_flops == 400.0
+
+
+def test_a_slow_column_is_walked_only_when_no_quick_one_met():
+    steep, flat, measure, compiled = _steep_and_flat()
+    slow = dataclasses.replace(flat, name="slow", plans_quickly=False,
+                               plan=lambda t: Candidate(("slow", t), t, 1.0))
+    f = Frontier([slow, steep], measure)
+    assert f.answer(800).column == "steep"
+    assert not any(k[0] == "slow" for k in compiled)
+    assert f.answer(FLOOR + 20).column == "slow"    # steep's least is FLOOR + 150
 
 
 def test_the_answer_is_the_cheapest_known_within_the_limit():
