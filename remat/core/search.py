@@ -21,8 +21,10 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
 2. On each column in turn, a walk: from the highest rung at or below the
    column's estimate of the limit in the model, compile; while the compiler reads
    the plan over the limit, step down by the miss converted into the model (at
-   least one rung); once a plan is within it, bisect the rungs the last step
-   skipped (at most :data:`REFINES` plans: a higher rung recomputes less).
+   least one rung); once a plan is within it, refine between it and the last
+   miss (at most :data:`REFINES` plans: a higher rung recomputes less), at the
+   rung the line through their two footprints puts at the limit (stopping when
+   it puts none between them within it), and once such a rung missed, halfway.
    Columns that plan quickly are walked first, the one whose plan at its start
    recomputes least first (planning is cheap, compiling is not); the others
    follow in their given order. Once a walk has met the limit, a column is walked
@@ -79,7 +81,7 @@ RUNGS = 32
 #: floor a column has few plans left, and how the compiler packs each one's heap
 #: (holes of a few percent) decides a tight limit more than the model does.
 FINE_RUNGS = 8
-#: Plans compiled, at most, to bisect back up towards a limit after a step down
+#: Plans compiled, at most, to refine back up towards a limit after a step down
 #: overshot it (each one recomputes less, if the compiler reads it within).
 REFINES = 2
 
@@ -229,9 +231,11 @@ class Frontier:
             peak = min(col.rungs[k], self._planned[column, k].model_peak)
             target = peak - math.ceil((p.footprint - limit) * col.model_per_xla)
             k = max(min(k - 1, bisect.bisect_right(col.rungs, target) - 1), 0)
-        met, refines = k, 0
+        met, refines, secant = k, 0, True
         while refines < REFINES and missed is not None and missed - met > 1:
-            mid = (met + missed) // 2
+            mid = self._between(column, met, missed, limit) if secant else (met + missed) // 2
+            if mid == met:
+                break               # no rung between is expected within the limit
             if self.candidate(column, mid).extra_flops >= min(
                     bound, self.point(column, met).extra_flops):
                 missed = mid        # no less recompute: nothing to gain
@@ -240,8 +244,20 @@ class Frontier:
             if self.point(column, mid).footprint <= limit:
                 met = mid
             else:
-                missed = mid
+                missed, secant = mid, False
         return True
+
+    def _between(self, column: int, met: int, missed: int, limit: int) -> int:
+        """The rung to refine with, between ``met`` (within ``limit``) and
+        ``missed`` (over it): the highest below ``missed`` that the line through
+        their two compiled footprints puts within the limit (``met`` if none)."""
+        col = self.columns[column]
+        lo, hi = self.point(column, met).footprint, self.point(column, missed).footprint
+        if hi <= lo:                # no slope to go by: the middle
+            return (met + missed) // 2
+        t_lo, t_hi = col.rungs[met], col.rungs[missed]
+        target = t_lo + (limit - lo) * (t_hi - t_lo) // (hi - lo)
+        return max(met, min(missed - 1, bisect.bisect_right(col.rungs, target) - 1))
 
     def start(self, column: int, limit: int) -> int:
         """The rung a column starts at for ``limit``: the highest at or below the

@@ -112,10 +112,9 @@ def test_refused_only_when_every_rung_below_the_start_is_over():
     assert f.answer(FLOOR).footprint == FLOOR      # the least reached is met
 
 
-def test_a_miss_steps_down_by_the_miss_then_bisects_back():
-    # The compiler reads every plan 100 over its model peak above 700, and 100
-    # under at or below it: the walk misses, steps down by the miss, overshoots
-    # into the "under" zone, and bisects back towards the limit.
+def _two_zone_walk(limit):
+    """The compiler reads every plan 100 over its model peak above 700, and 100
+    under at or below it; the model targets the walk compiled, and its answer."""
     steps = []
 
     def measure(cand):
@@ -125,12 +124,27 @@ def test_a_miss_steps_down_by_the_miss_then_bisects_back():
 
     col = Column("a", rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
                  lambda t: Candidate(t, t, float(PEAK - t)))
-    f = Frontier([col], measure)
-    best = f.answer(850)
-    assert steps[0] <= 850 and steps[1] < steps[0] - 99     # stepped by the miss
+    return steps, Frontier([col], measure).answer(limit)
+
+
+def test_a_miss_steps_down_by_the_miss_then_refines_back():
+    # 781 reads 881: the walk steps down by the miss into the "under" zone (671
+    # reads 571), refines at the rung the line through the two puts at the limit
+    # (737, over), then halfway (693, within).
+    steps, best = _two_zone_walk(790)
+    assert steps[0] <= 790 and steps[1] < steps[0] - 90       # stepped by the miss
     assert 1 <= len(steps) - 2 <= REFINES and max(steps[2:]) > steps[1]
-    assert best.footprint <= 850 and best.extra_flops == min(
-        PEAK - s for s in steps if s + (100 if s > 700 else -100) <= 850)
+    assert best.footprint <= 790 and best.extra_flops == min(
+        PEAK - s for s in steps if s + (100 if s > 700 else -100) <= 790)
+    assert best.footprint == 593                                # rung 693
+
+
+def test_no_refine_where_the_line_puts_no_rung_within_the_limit():
+    # 846 reads 946; one step down by the miss, 737 reads 837: the line through
+    # the two (read 100 over the model) puts the limit at 750, below the next
+    # rung (759): nothing more is compiled.
+    steps, best = _two_zone_walk(850)
+    assert len(steps) == 2 and best.footprint == 837
 
 
 def test_a_column_that_cannot_recompute_less_than_the_answer_is_not_walked():
