@@ -25,12 +25,11 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    miss (at most :data:`REFINES` plans: a higher rung recomputes less), at the
    rung the line through their two footprints puts at the limit (stopping when
    it puts none between them within it), and once such a rung missed, halfway.
-   Columns that plan quickly are walked first, the one whose plan at its start
-   recomputes least first (planning is cheap, compiling is not); the others
-   follow in their given order. Once a walk has met the limit, a column is walked
-   only if it plans quickly, ranks no worse than the answer so far and its start
-   plan recomputes less than that answer (its walk plans nothing above its start,
-   and lower rungs recompute more).
+   Columns are walked in their given order. Once a walk has met the limit, a
+   column is walked only if it plans quickly, ranks no worse than the answer so
+   far, and its plan at its start (planned, not compiled) recomputes less than
+   that answer: its walk plans nothing above its start, and lower rungs
+   recompute more.
 3. If no walk met it, on each column every rung at or below its start not
    planned yet, until a plan is within the limit.
 4. The answer: the cheapest point known (from any limit asked of this frontier
@@ -136,8 +135,9 @@ class Column:
       rank: 0, or more for a column whose plans are worse in a way their extra
         FLOPs do not show (e.g. a slower lowering): of two points with equal
         extra FLOPs within a limit, the one of the lower rank answers it.
-      plans_quickly: whether a plan takes far less time than a compile (the
-        search plans such a column's start rung to decide whether to walk it).
+      plans_quickly: whether a plan takes far less time than a compile (once a
+        limit is met, the search plans such a column's start rung to decide
+        whether to walk it too).
     """
     name: str
     rungs: tuple[int, ...]
@@ -269,7 +269,7 @@ class Frontier:
     def fill(self, limit: int) -> bool:
         """Step 3: the rungs at or below each column's start not planned yet, from
         the top down, until a plan meets ``limit``; True if one did."""
-        for c in self.walk_order(limit):
+        for c in range(len(self.columns)):
             for k in reversed(range(self.start(c, limit) + 1)):
                 if (c, k) not in self._measured and self.point(c, k).footprint <= limit:
                     return True
@@ -300,8 +300,7 @@ class Frontier:
         if self.plain is not None and self.plain.footprint <= limit:
             return self.plain
         met = None
-        for c in self.walk_order(limit):
-            col = self.columns[c]
+        for c, col in enumerate(self.columns):
             if met is not None and not (
                     col.plans_quickly and col.rank <= met.rank
                     and self._start_flops(c, limit) < met.extra_flops):
@@ -311,14 +310,6 @@ class Frontier:
         if met is None:
             self.fill(limit)
         return self.best_under(limit)
-
-    def walk_order(self, limit: int) -> list[int]:
-        """The columns in the order step 2 walks them for ``limit``: those that
-        plan quickly by their start plan's extra FLOPs (ties in the given
-        order), then the others in the given order."""
-        quick = sorted((c for c, col in enumerate(self.columns) if col.plans_quickly),
-                       key=lambda c: self._start_flops(c, limit))
-        return quick + [c for c, col in enumerate(self.columns) if not col.plans_quickly]
 
     def _start_flops(self, column: int, limit: int) -> float:
         return self.candidate(column, self.start(column, limit)).extra_flops
