@@ -120,7 +120,7 @@ class Planner:
                          for c in (col, _relowered(col, fallback))), *columns[first:]]
         plain = Point((), self.baseline.total, 0.0, "plain",
                       Measured(self._plain_result(), program.flat, compiled,
-                               self.baseline, 0, final=False))
+                               self.baseline, 0, final=not program.measures_in_part))
         self.frontier = Frontier(columns, self._measure, plain)
 
     def algorithms(self) -> tuple[str, ...]:
@@ -242,7 +242,8 @@ class Planner:
         self.plan_seconds += t - start
         self.compile_seconds += done - t
         return Point(cand.key, footprint.total, cand.extra_flops, "",
-                     Measured(result, jaxpr, compiled, footprint, small, final=False))
+                     Measured(result, jaxpr, compiled, footprint, small,
+                              final=not self.program.measures_in_part))
 
     def _plain_result(self) -> PlanResult:
         """The result of planning nothing (the program as written)."""

@@ -250,9 +250,15 @@ class Program:
         faster where the platform allows (:data:`MEASURE_OPTIONS`): the same
         memory figures, slower code (compile again to run it)."""
         lowered = self.lower(closed)
-        if measure_only and self.platform() in MEASURE_OPTIONS:
+        if measure_only and self.measures_in_part:
             return lowered.compile(compiler_options=MEASURE_OPTIONS[self.platform()])
         return lowered.compile()
+
+    @property
+    def measures_in_part(self) -> bool:
+        """Whether a ``measure_only`` compile skips work on this platform (and its
+        program must be compiled again to run at full speed)."""
+        return self.platform() in MEASURE_OPTIONS
 
     def platform(self) -> str:
         """The platform the program runs on (its inputs' devices, else the default)."""

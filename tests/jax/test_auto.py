@@ -372,3 +372,23 @@ def test_plans_are_measured_by_quick_compiles_and_the_answer_compiled_in_full(
     before = len(calls)
     remat.plan(jax.value_and_grad(_loss), ws, x, memory_limit=0.5)
     assert len(calls) == before          # the frontier keeps the full compile
+
+
+def test_where_measuring_compiles_are_full_ones_the_answer_is_not_compiled_again(
+        monkeypatch):
+    from remat._jax import program as program_module
+    calls = []
+    compile_ = program_module.Program.compile
+
+    def recording(self, closed, measure_only=False):
+        calls.append(closed)
+        return compile_(self, closed, measure_only)
+
+    monkeypatch.setattr(program_module.Program, "compile", recording)
+    monkeypatch.setattr(program_module, "MEASURE_OPTIONS", {})   # as on GPU/TPU
+    planner_module.forget_planners()
+    ws, x = _inputs(8)
+    plan = remat.plan(jax.value_and_grad(_loss), ws, x, memory_limit=0.5)
+    # the plain program and each plan tried, once each; the answer among them
+    assert plan.met and len(calls) == plan.compiles + 1
+    assert sum(c is plan.jaxpr for c in calls) == 1
