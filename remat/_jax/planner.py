@@ -103,9 +103,10 @@ class Planner:
         # The first order with each algorithm first (the strongest planner last
         # among them), then the other orders: a new order costs compiles of its
         # own plans, which on the first order are often those of another algorithm.
-        # A column's rank is its order's: at equal FLOPs a plan on the order of
-        # least simulated peak answers, and once a walk met a limit, columns of
-        # later orders are not walked for less recompute (Frontier.answer).
+        # Ranks: 2 * the order's index, plus one under the fallback lowering. At
+        # equal FLOPs the first order's plan answers, under the default lowering;
+        # once a walk met a limit, only columns of its rank (the other algorithms
+        # on its order and lowering) are walked for less recompute.
         columns = [self._column(name, k) for k in range(len(self.orders))
                    for name in self.algorithms()
                    if k == 0 or name != "optimal" or options.algorithm == "optimal"]
@@ -226,7 +227,7 @@ class Planner:
 
         return Column(name, rungs(self.floor(order, least, algorithm), peak), per_xla,
                       lambda limit: int(max(limit - scratch, 0) * per_xla), plan,
-                      rank=order, plans_quickly=algorithm != "optimal")
+                      rank=2 * order, plans_quickly=algorithm != "optimal")
 
     def _measure(self, cand: Candidate) -> Point:
         result, small, lowering = cand.payload

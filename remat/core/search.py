@@ -26,10 +26,10 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    rung the line through their two footprints puts at the limit (stopping when
    it puts none between them within it), and once such a rung missed, halfway.
    Columns are walked in their given order. Once a walk has met the limit, a
-   column is walked only if it plans quickly, ranks no worse than the answer so
-   far, and its plan at its start (planned, not compiled) recomputes less than
-   that answer: its walk plans nothing above its start, and lower rungs
-   recompute more.
+   column is walked only if it plans quickly, has the answer's rank, and its
+   plan at its start (planned, not compiled) recomputes less than the answer
+   so far: its walk plans nothing above its start, and lower rungs recompute
+   more.
 3. If no walk met it, on each column every rung at or below its start not
    planned yet, until a plan is within the limit.
 4. The answer: the cheapest point known (from any limit asked of this frontier
@@ -134,7 +134,8 @@ class Column:
       plan: a model target -> the :class:`Candidate` planned for it.
       rank: 0, or more for a column whose plans are worse in a way their extra
         FLOPs do not show (e.g. a slower lowering): of two points with equal
-        extra FLOPs within a limit, the one of the lower rank answers it.
+        extra FLOPs within a limit, the one of the lower rank answers it; and
+        once a walk met a limit, only columns of its rank are walked after it.
       plans_quickly: whether a plan takes far less time than a compile (once a
         limit is met, the search plans such a column's start rung to decide
         whether to walk it too).
@@ -302,7 +303,7 @@ class Frontier:
         met = None
         for c, col in enumerate(self.columns):
             if met is not None and not (
-                    col.plans_quickly and col.rank <= met.rank
+                    col.plans_quickly and col.rank == met.rank
                     and self._start_flops(c, limit) < met.extra_flops):
                 continue
             if self.walk(c, limit, math.inf if met is None else met.extra_flops):
