@@ -31,7 +31,7 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    so far: its walk plans nothing above its start, and lower rungs recompute
    more.
 3. If no walk met it, on each column every rung at or below its start not
-   planned yet, until a plan is within the limit.
+   compiled yet, until a plan is within the limit.
 4. The answer: the cheapest point known (from any limit asked of this frontier
    before, too) within the limit; None only if every plan of the frontier is over.
 
@@ -268,7 +268,7 @@ class Frontier:
         return max(bisect.bisect_right(col.rungs, col.estimate(limit)) - 1, 0)
 
     def fill(self, limit: int) -> bool:
-        """Step 3: the rungs at or below each column's start not planned yet, from
+        """Step 3: the rungs at or below each column's start not compiled yet, from
         the top down, until a plan meets ``limit``; True if one did."""
         for c in range(len(self.columns)):
             for k in reversed(range(self.start(c, limit) + 1)):
