@@ -21,7 +21,8 @@ CSE may merge it with the identical forward computation. Four strategies stop th
   ``rng_uniform(0, 1) < 2``: always true, but the compiler cannot prove it, and no
   data (NaN, Inf) can flip it. Nothing moves in or out of a branch, and a branch
   cannot start before all its operands (the cotangents) exist. The other branch
-  returns zeros. XLA:CPU runs convolutions inside a branch with a slow generic
+  returns zeros. The regions of one block share one draw of the random value
+  (XLA expands each draw into its bit generator: hundreds of instructions). XLA:CPU runs convolutions inside a branch with a slow generic
   kernel, so where the region's backward holds convolutions, only the
   recomputation goes in the conditional, gated on a cotangent (``_lower_gated``).
 - ``"while"``: the region is the body of a loop that runs once, its trip count
@@ -86,8 +87,26 @@ def _opaque_uniform() -> ir.Value:
     return hlo.rng(zero, one, shape, hlo.RngDistributionAttr.get("UNIFORM"))
 
 
-def _always_true() -> ir.Value:
-    return mlir.compare_hlo(_opaque_uniform(), mlir.ir_constant(np.float32(2)), "LT")
+#: The key, in a module's lowering cache, of its opaque predicates (one per block).
+_OPAQUE_PREDICATES = ("remat", "opaque predicates")
+
+
+def _always_true(ctx) -> ir.Value:
+    """``u < 2`` with ``u`` drawn from U[0, 1) (:func:`_opaque_uniform`): true at
+    run time, but no compiler pass can prove it. One draw per block of the
+    module, at the block's start, shared by every region lowered in that block:
+    XLA expands each draw into its bit generator (a few hundred instructions), so
+    a draw per region made a plan of a 24-layer MLP compile three times slower
+    than the program as written."""
+    block = ir.InsertionPoint.current.block
+    known = ctx.module_context.lowering_cache.setdefault(_OPAQUE_PREDICATES, [])
+    for where, pred in known:
+        if where == block:
+            return pred
+    with ir.InsertionPoint.at_block_begin(block):
+        pred = mlir.compare_hlo(_opaque_uniform(), mlir.ir_constant(np.float32(2)), "LT")
+    known.append((block, pred))
+    return pred
 
 
 def _out_types(ctx, ordered):
@@ -108,7 +127,7 @@ def _lower_cond(ctx, jaxpr, args):
     ordered = _ordered_effects(jaxpr)
     tokens_in = ctx.tokens_in.subset(ordered)
     flat_types, treedef = _out_types(ctx, ordered)
-    if_op = hlo.IfOp(flat_types, _always_true())
+    if_op = hlo.IfOp(flat_types, _always_true(ctx))
     with ir.InsertionPoint(if_op.true_branch.blocks.append()):
         outs, tokens_out = _inline(ctx, jaxpr, args, tokens_in)
         flat, _ = mlir.ir_tree_registry.flatten(
@@ -176,7 +195,7 @@ def _lower_gated(ctx, jaxpr, args, num_late: int):
         pe.close_jaxpr(jaxpr), [False] * n_early + [True] * num_late, False)
     if not known.jaxpr.eqns or not _reads_slow_nested(rest.jaxpr):
         return _lower_cond(ctx, jaxpr, args)
-    pred = _always_true()
+    pred = _always_true(ctx)
     for gate in [_first_element_f32(a, x) for a, x in zip(late_avals, late_args)
                  if _readable(a, x)]:
         pred = hlo.or_(pred, mlir.compare_hlo(gate, gate, "NE"))
@@ -251,7 +270,7 @@ def _lower_gate(ctx, jaxpr, args, protect: Sequence[bool], num_late: int):
     for c in late[1:]:
         total = hlo.add(total, c)
     zero = mlir.ir_constant(np.float32(0))
-    gate = hlo.select(_always_true(), zero, total)
+    gate = hlo.select(_always_true(ctx), zero, total)
     open_ = mlir.compare_hlo(gate, zero, "EQ")
     args = list(args)
     for i in early:
@@ -275,8 +294,7 @@ def _lower_while(ctx, jaxpr, args):
         return _lower_cond(ctx, jaxpr, args)
     i32 = ir.RankedTensorType.get([], ir.IntegerType.get_signless(32))
     # 0, but only at run time: (u >= 2) is always false.
-    start = hlo.convert(i32, mlir.compare_hlo(
-        _opaque_uniform(), mlir.ir_constant(np.float32(2)), "GE"))
+    start = hlo.convert(i32, hlo.not_(_always_true(ctx)))
     flat_args, args_tree = mlir.ir_tree_registry.flatten(list(args))
     flat_outs, outs_tree = mlir.ir_tree_registry.flatten(_zeros(ctx))
     init = [start, *flat_args, *flat_outs]
@@ -358,9 +376,9 @@ def _register() -> None:
         default = default_strategy(platform)
         mlir.register_lowering(
             remat_p, lambda ctx, *a, _d=default, **p: _lower(ctx, *a, platform_default=_d, **p),
-            platform=platform)
+            platform=platform, cacheable=False)
     mlir.register_lowering(
         remat_p, lambda ctx, *a, **p: _lower(
-            ctx, *a, platform_default=_OTHER_PLATFORMS_DEFAULT, **p))
+            ctx, *a, platform_default=_OTHER_PLATFORMS_DEFAULT, **p), cacheable=False)
 
 _register()

@@ -101,3 +101,32 @@ def test_gradients_match_plain(compiled, strategy):
     for a, b in zip(want, got):
         assert np.all(np.asarray(a) != 0)
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("strategy", ["cond", "gate", "while"])
+def test_one_opaque_draw_per_block(strategy):
+    # XLA expands each draw into its bit generator (hundreds of instructions):
+    # the regions of one block share a single one.
+    ws, x = _inputs(0)
+    wrap = lambda f: remat.checkpoint(f, lowering=strategy)
+    text = jax.jit(jax.grad(_chain(wrap).loss_fn)).lower(ws, x).as_text()
+    assert text.count("stablehlo.rng ") == 1
+    guards = {"cond": "stablehlo.if", "gate": "stablehlo.select", "while": "stablehlo.while"}
+    assert text.count(guards[strategy]) >= LAYERS // SEGMENT
+
+
+def test_regions_in_a_loop_body_draw_there():
+    # A region lowered inside a loop's body (here a gradient taken in the body)
+    # draws once in that body; the regions of the enclosing block share another.
+    sin2 = remat.checkpoint(lambda y: jax.numpy.sin(jax.numpy.sin(y)), lowering="cond")
+    grad = jax.grad(lambda y: jax.numpy.sum(sin2(y) * sin2(2 * y)))
+
+    def f(x):
+        return jax.lax.fori_loop(0, 3, lambda i, c: c + 0.1 * grad(c), grad(x))
+    x = jax.numpy.linspace(0.1, 1.0, 8)
+    text = jax.jit(f).lower(x).as_text()
+    assert text.count("stablehlo.rng ") == 2
+    assert text.count("stablehlo.if") == 4
+    with jax.disable_jit():
+        want = f(x)
+    np.testing.assert_allclose(jax.jit(f)(x), want, rtol=1e-6)
