@@ -29,9 +29,11 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    column is walked only if it plans quickly, has the answer's rank, and its
    plan at its start (planned, not compiled) recomputes less than the answer
    so far: its walk plans nothing above its start, and lower rungs recompute
-   more.
-3. If no walk met it, on each column every rung at or below its start not
-   compiled yet, until a plan is within the limit.
+   more. A point already known within the limit (compiled for a limit asked
+   before) bounds every walk in the same way, and a column that does not plan
+   quickly is then not walked (its plans may cost more than a compile).
+3. If no walk met it and no point was known within it, on each column every
+   rung at or below its start not compiled yet, until a plan is within the limit.
 4. The answer: the cheapest point known (from any limit asked of this frontier
    before, too) within the limit; None only if every plan of the frontier is over.
 
@@ -300,15 +302,19 @@ class Frontier:
         steps 1-4); None if no plan of the frontier is within it."""
         if self.plain is not None and self.plain.footprint <= limit:
             return self.plain
+        known = self.best_under(limit)      # from the limits asked before
         met = None
         for c, col in enumerate(self.columns):
-            if met is not None and not (
-                    col.plans_quickly and col.rank == met.rank
-                    and self._start_flops(c, limit) < met.extra_flops):
+            if met is not None:
+                if not (col.plans_quickly and col.rank == met.rank
+                        and self._start_flops(c, limit) < met.extra_flops):
+                    continue
+            elif known is not None and not col.plans_quickly:
                 continue
-            if self.walk(c, limit, math.inf if met is None else met.extra_flops):
+            bound = met or known
+            if self.walk(c, limit, math.inf if bound is None else bound.extra_flops):
                 met = self.best_under(limit)
-        if met is None:
+        if met is None and known is None:
             self.fill(limit)
         return self.best_under(limit)
 

@@ -226,3 +226,19 @@ def test_at_equal_flops_the_lower_rank_answers():
     assert f.answer(140).column == "lean"          # fast's least is 150
     # both rungs 100 are known within 150 at equal FLOPs: the lower rank answers
     assert f.answer(150).column == "fast"
+
+
+def test_a_point_known_from_an_earlier_limit_bounds_the_walks():
+    # After 600 is answered by flat (400 FLOPs), 800 walks steep only down to
+    # plans recomputing less than 400, and never plans the slow column.
+    steep, flat, measure, compiled = _steep_and_flat()
+    planned = []
+    slow = dataclasses.replace(
+        flat, name="slow", plans_quickly=False,
+        plan=lambda t: planned.append(t) or Candidate(("slow", t), t, 1.0))
+    f = Frontier([flat, steep, slow], measure)
+    assert f.answer(600).column == "flat"
+    compiled.clear()
+    got = f.answer(800)
+    assert got.extra_flops <= 400 and got.footprint <= 800
+    assert not planned and all(f.points[k].extra_flops < 400 for k in compiled)
