@@ -95,9 +95,10 @@ def _always_true(ctx) -> ir.Value:
     """``u < 2`` with ``u`` drawn from U[0, 1) (:func:`_opaque_uniform`): true at
     run time, but no compiler pass can prove it. One draw per block of the
     module, at the block's start, shared by every region lowered in that block:
-    XLA expands each draw into its bit generator (a few hundred instructions), so
-    a draw per region made a plan of a 24-layer MLP compile three times slower
-    than the program as written."""
+    XLA expands each draw into its bit generator (a few hundred instructions): a
+    draw per region tripled the HLO of a plan of a 24-layer MLP (2796
+    instructions, 947 with one draw). Regions are lowered inline (not as cached
+    per-equation functions) so that they see their enclosing block."""
     block = ir.InsertionPoint.current.block
     known = ctx.module_context.lowering_cache.setdefault(_OPAQUE_PREDICATES, [])
     for where, pred in known:
