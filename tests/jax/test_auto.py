@@ -392,3 +392,14 @@ def test_where_measuring_compiles_are_full_ones_the_answer_is_not_compiled_again
     # the plain program and each plan tried, once each; the answer among them
     assert plan.met and len(calls) == plan.compiles + 1
     assert sum(c is plan.jaxpr for c in calls) == 1
+
+
+def test_a_plan_draws_one_opaque_predicate_for_all_its_regions():
+    # Each draw is a bit generator in XLA (hundreds of instructions): a plan of
+    # many regions must not compile slower for each one.
+    ws, x = _inputs(9)
+    plan = remat.plan(jax.value_and_grad(_loss), ws, x, memory_limit=0.4,
+                      small_node_limit=0)
+    assert plan.met and len(plan.result.regions) >= 3
+    step = remat.jit(jax.value_and_grad(_loss), memory_limit=0.4, small_node_limit=0)
+    assert step.lower(ws, x).as_text().count("stablehlo.rng ") == 1
