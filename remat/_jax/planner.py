@@ -106,7 +106,9 @@ class Planner:
         # Ranks: 2 * the order's index, plus one under the fallback lowering. At
         # equal FLOPs the first order's plan answers, under the default lowering;
         # once a walk met a limit, only columns of its rank (the other algorithms
-        # on its order and lowering) are walked for less recompute.
+        # on its order and lowering) are walked for less recompute, and after a
+        # gated answer the same column's plans under the fallback lowering (which
+        # keeps fewer bytes, so its walk may meet higher up).
         columns = [self._column(name, k) for k in range(len(self.orders))
                    for name in self.algorithms()
                    if k == 0 or name != "optimal" or options.algorithm == "optimal"]
@@ -282,7 +284,8 @@ def _relowered(column: Column, lowering: str) -> Column:
                                    payload=(result, small, lowering))
 
     return dataclasses.replace(column, name=f"{column.name} ({lowering})", plan=plan,
-                               rank=column.rank + 1)
+                               rank=column.rank + 1,
+                               walked_after=frozenset({column.rank}))
 
 
 _PLANNERS: collections.OrderedDict[Any, Planner] = collections.OrderedDict()

@@ -26,7 +26,8 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    rung the line through their two footprints puts at the limit (stopping when
    it puts none between them within it), and once such a rung missed, halfway.
    Columns are walked in their given order. Once a walk has met the limit, a
-   column is walked only if it plans quickly, has the answer's rank, and its
+   column is walked only if it plans quickly, has the answer's rank (or names
+   it in ``walked_after``), and its
    plan at its start (planned, not compiled) recomputes less than the answer
    so far: its walk plans nothing above its start, and lower rungs recompute
    more. A point already known within the limit (compiled for a limit asked
@@ -137,10 +138,14 @@ class Column:
       rank: 0, or more for a column whose plans are worse in a way their extra
         FLOPs do not show (e.g. a slower lowering): of two points with equal
         extra FLOPs within a limit, the one of the lower rank answers it; and
-        once a walk met a limit, only columns of its rank are walked after it.
+        once a walk met a limit, only columns of its rank (and those naming it in
+        ``walked_after``) are walked after it.
       plans_quickly: whether a plan takes far less time than a compile (once a
         limit is met, the search plans such a column's start rung to decide
         whether to walk it too).
+      walked_after: ranks besides its own after whose answer a walk of this
+        column may follow (e.g. the same plans lowered to keep fewer bytes,
+        after the default lowering met the limit further down).
     """
     name: str
     rungs: tuple[int, ...]
@@ -149,6 +154,7 @@ class Column:
     plan: Callable[[int], Candidate]
     rank: int = 0
     plans_quickly: bool = True
+    walked_after: frozenset[int] = frozenset()
 
 
 def rungs(floor: int, peak: int, count: int = RUNGS, fine: int = FINE_RUNGS
@@ -306,7 +312,8 @@ class Frontier:
         met = None
         for c, col in enumerate(self.columns):
             if met is not None:
-                if not (col.plans_quickly and col.rank == met.rank
+                if not (col.plans_quickly
+                        and (col.rank == met.rank or met.rank in col.walked_after)
                         and self._start_flops(c, limit) < met.extra_flops):
                     continue
             elif known is not None and not col.plans_quickly:

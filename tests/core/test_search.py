@@ -242,3 +242,19 @@ def test_a_point_known_from_an_earlier_limit_bounds_the_walks():
     got = f.answer(800)
     assert got.extra_flops <= 400 and got.footprint <= 800
     assert not planned and all(f.points[k].extra_flops < 400 for k in compiled)
+
+
+def test_a_column_walked_after_another_rank_follows_its_answer():
+    # "lean" plans what "fat" plans, read 100 lower (a lowering that keeps
+    # fewer bytes, ranked after): once fat met the limit further down its
+    # ladder, lean is walked too only where it names fat's rank.
+    def column(name, rank, over, after=frozenset()):
+        return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
+                      lambda t: Candidate((name, t), t, float(PEAK - t), over),
+                      rank=rank, walked_after=after)
+
+    measure = lambda c: Point(c.key, c.model_peak + c.payload, c.extra_flops, "")
+    for after, column_answering in ((frozenset(), "fat"), (frozenset({0}), "lean")):
+        f = Frontier([column("fat", 0, 150), column("lean", 1, 50, after)], measure)
+        got = f.answer(800)
+        assert got.footprint <= 800 and got.column == column_answering
