@@ -22,9 +22,10 @@ CSE may merge it with the identical forward computation. Four strategies stop th
   data (NaN, Inf) can flip it. Nothing moves in or out of a branch, and a branch
   cannot start before all its operands (the cotangents) exist. The other branch
   returns zeros. The regions of one block share one draw of the random value
-  (XLA expands each draw into its bit generator: hundreds of instructions). XLA:CPU runs convolutions inside a branch with a slow generic
-  kernel, so where the region's backward holds convolutions, only the
-  recomputation goes in the conditional, gated on a cotangent (``_lower_gated``).
+  (XLA expands each draw into its bit generator: hundreds of instructions).
+  XLA:CPU runs convolutions inside a branch with a slow generic kernel, so where
+  the region's backward holds convolutions, only the recomputation goes in the
+  conditional, gated on a cotangent (``_lower_gated``).
 - ``"while"``: the region is the body of a loop that runs once, its trip count
   hidden behind the same opaque random value.
 
@@ -294,7 +295,7 @@ def _lower_while(ctx, jaxpr, args):
     if _ordered_effects(jaxpr):   # keep token threading in one place: the conditional
         return _lower_cond(ctx, jaxpr, args)
     i32 = ir.RankedTensorType.get([], ir.IntegerType.get_signless(32))
-    # 0, but only at run time: (u >= 2) is always false.
+    # 0, but only at run time: not(u < 2) is always false.
     start = hlo.convert(i32, hlo.not_(_always_true(ctx)))
     flat_args, args_tree = mlir.ir_tree_registry.flatten(list(args))
     flat_outs, outs_tree = mlir.ir_tree_registry.flatten(_zeros(ctx))

@@ -27,12 +27,12 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    it puts none between them within it), and once such a rung missed, halfway.
    Columns are walked in their given order. Once a walk has met the limit, a
    column is walked only if it plans quickly, has the answer's rank (or names
-   it in ``walked_after``), and its
-   plan at its start (planned, not compiled) recomputes less than the answer
-   so far: its walk plans nothing above its start, and lower rungs recompute
-   more. A point already known within the limit (compiled for a limit asked
-   before) bounds every walk in the same way, and a column that does not plan
-   quickly is then not walked (its plans may cost more than a compile).
+   it in ``walked_after``), and its plan at its start (planned, not compiled)
+   recomputes less than the answer so far: its walk plans nothing above its
+   start, and lower rungs recompute more. A point already known within the
+   limit (compiled for a limit asked before) bounds every walk in the same way,
+   and a column that does not plan quickly is then not walked (its plans may
+   cost more than a compile).
 3. If no walk met it and no point was known within it, on each column every
    rung at or below its start not compiled yet, until a plan is within the limit.
 4. The answer: the cheapest point known (from any limit asked of this frontier
@@ -318,7 +318,7 @@ class Frontier:
                     continue
             elif known is not None and not col.plans_quickly:
                 continue
-            bound = met or known
+            bound = met if met is not None else known
             if self.walk(c, limit, math.inf if bound is None else bound.extra_flops):
                 met = self.best_under(limit)
         if met is None and known is None:
