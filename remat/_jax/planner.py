@@ -25,6 +25,7 @@ from remat._jax.sharding import keep_output_shardings
 from remat._jax.xla_figures import XlaFootprint
 from remat.core.algorithms import (PlanResult, consolidated, get_algorithm,
                                    may_recompute)
+from remat.core.algorithms.optimal import plan_optimal
 from remat.core.bounds import planner_floor
 from remat.core.gc_pause import gc_paused
 from remat.core.options import PORTFOLIO, RematOptions
@@ -194,7 +195,9 @@ class Planner:
         per_xla = peak / max(self.baseline.total - scratch, 1)
         name = algorithm if len(self.orders) == 1 else f"{algorithm}/order {order}"
 
-        infeasible: list[tuple[int, Candidate]] = []   # optimal: (target, plan)
+        # optimal, by small-node limit: the highest target no selection meets,
+        # and the plan of least peak it found then
+        out_of_reach: dict[int, tuple[int, Candidate]] = {}
         planned: dict[int, Candidate] = {}     # by target (a relowered column asks too)
         seconds = self.options.solver_seconds
         if algorithm == "optimal" and self.options.algorithm == PORTFOLIO:
@@ -203,18 +206,25 @@ class Planner:
         def plan(target: int) -> Candidate:
             if target in planned:
                 return planned[target]
-            below = [c for t, c in infeasible if target <= t]
-            if below:
-                # No selection meets a higher target: none meets this one, and the
-                # solver would return the same least-peak plan after a long proof.
-                return below[0]
             start = time.perf_counter()
             small = self.small_node_bytes(order, target, algorithm)
+            highest, least = out_of_reach.get(small, (-1, None))
+            if target <= highest:
+                # No selection meets a higher target with these candidates: none
+                # meets this one, and the solver would prove it for nothing.
+                self.plan_seconds += time.perf_counter() - start
+                return least
             options = dataclasses.replace(self.options, model_target_bytes=target,
                                           algorithm=algorithm, small_node_bytes=small,
                                           solver_seconds=seconds)
             with gc_paused():
-                result = get_algorithm(algorithm)(scheduled, options)
+                if algorithm == "optimal":
+                    # Its plan of least peak, searched once (to the time limit),
+                    # serves every target out of reach.
+                    result = plan_optimal(scheduled, options,
+                                          least.payload[0] if least else None)
+                else:
+                    result = get_algorithm(algorithm)(scheduled, options)
                 if not result.met and algorithm != "optimal":
                     # Regions are merged only within the target; a plan that missed
                     # it is merged within its own peak: the same peak, less recompute.
@@ -222,8 +232,8 @@ class Planner:
             self.plan_seconds += time.perf_counter() - start
             cand = Candidate(result.regions, result.timeline.peak_bytes,
                              result.extra_flops, (result, small, None))
-            if result.status == "infeasible" and small == 0:
-                infeasible.append((target, cand))
+            if result.status == "infeasible":
+                out_of_reach[small] = (max(target, highest), least or cand)
             planned[target] = cand
             return cand
 

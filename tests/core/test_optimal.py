@@ -3,6 +3,8 @@
 import pytest
 
 from remat.core.algorithms import ALGORITHMS, PlanResult, get_algorithm
+from remat.core.algorithms import optimal_program
+from remat.core.algorithms.optimal import plan_optimal
 from remat.core.algorithms.optimal_candidates import candidates
 from remat.core.graph import GraphBuilder
 from remat.core.options import RematOptions
@@ -60,6 +62,25 @@ def test_unreachable_limit_is_reported():
     assert not r.met and r.status == "infeasible"
     # it still returns the least peak it can reach, realized and simulated
     assert r.timeline.peak_bytes < r.baseline.peak_bytes
+
+
+def test_a_known_least_peak_plan_is_not_searched_again(monkeypatch):
+    g = training_chain(6)
+    first = _plan("optimal", g, 1)
+    searches = []
+    solve = optimal_program.Program.solve
+
+    def counting(self, target, seconds, verbose, min_peak=False):
+        searches.append(min_peak)
+        return solve(self, target, seconds, verbose, min_peak)
+
+    monkeypatch.setattr(optimal_program.Program, "solve", counting)
+    scheduled = on_schedule(g, tuple(range(g.num_ops)))
+    again = plan_optimal(scheduled, RematOptions(2, "optimal", small_node_bytes=0),
+                         least_peak=first)
+    assert again.status == "infeasible" and again.limit_bytes == 2
+    assert again.regions == first.regions
+    assert searches == [False]          # the limit tried; no search for the least peak
 
 
 def test_time_limit_reports_gap_or_no_plan():

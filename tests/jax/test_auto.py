@@ -10,6 +10,7 @@ import pytest
 import remat
 from remat._flags import parse_flags
 from remat._jax import planner as planner_module
+from remat.core.algorithms import optimal_program
 from remat.core.memlog import format_bytes
 from remat._jax.xla_figures import XlaFootprint, library_scratch_bytes
 
@@ -88,6 +89,28 @@ def test_unreachable_limit_names_least_and_bound():
     plan = remat.plan(jax.grad(_loss), ws, x, memory_limit=error.least_bytes,
                       small_node_limit=0)
     assert plan.met and plan.planned.total <= error.least_bytes
+
+
+def test_targets_out_of_the_solvers_reach_search_for_the_least_peak_once(monkeypatch):
+    # every target the solver cannot meet gets the plan of least peak; it is
+    # searched (to the solver's time limit) once, whichever target came first
+    planner_module.forget_planners()
+    ws, x = _inputs(3)
+    remat.plan(jax.grad(_loss), ws, x, memory_limit=0.9, small_node_limit=0,
+               algorithm="optimal")
+    [planner] = planner_module._PLANNERS.values()
+    column = planner._column("optimal", 0)
+    searches = []
+    solve = optimal_program.Program.solve
+
+    def counting(self, target, seconds, verbose, min_peak=False):
+        searches.append(min_peak)
+        return solve(self, target, seconds, verbose, min_peak)
+
+    monkeypatch.setattr(optimal_program.Program, "solve", counting)
+    low, high = column.plan(column.rungs[0] // 2), column.plan(column.rungs[0] - 1)
+    assert low.payload[0].status == high.payload[0].status == "infeasible"
+    assert high.key == low.key and searches.count(True) == 1
 
 
 def test_default_small_node_limit_gives_way_to_the_limit():

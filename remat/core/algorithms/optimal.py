@@ -76,8 +76,15 @@ log = logging.getLogger("remat")
 _ROUNDS = 12
 
 
-def plan_optimal(scheduled: Scheduled, options: RematOptions) -> PlanResult:
-    """Plans with the ``"optimal"`` algorithm (see the module docstring)."""
+def plan_optimal(scheduled: Scheduled, options: RematOptions,
+                 least_peak: PlanResult | None = None) -> PlanResult:
+    """Plans with the ``"optimal"`` algorithm (see the module docstring).
+
+    ``least_peak``: the plan of least peak found before on the same schedule (an
+    ``"infeasible"`` result for a lower limit); returned, with this limit, for a
+    limit no selection meets, instead of searching for it again. That search is
+    the slow part of a limit out of reach: it runs to the time limit.
+    """
     limit = options.model_target_bytes
     clock = time.perf_counter()
     graph, baseline = scheduled.graph, scheduled.timeline
@@ -160,7 +167,12 @@ def plan_optimal(scheduled: Scheduled, options: RematOptions) -> PlanResult:
                 in_charged_block |= tl.peak_step in steps
         if not in_charged_block:
             target -= tl.peak_bytes - limit
-    if best is None:
+    if best is None and least_peak is not None:
+        best = dataclasses.replace(least_peak, limit_bytes=limit, status=status or "infeasible",
+                                   gap=None, bound=None)
+        say("remat optimal: limit %d bytes out of reach (%s); the least peak known %d",
+            limit, best.status, best.timeline.peak_bytes)
+    elif best is None:
         # nothing meets the limit: the least estimated peak instead
         res, _ = program.solve(limit, max(deadline - time.perf_counter(), 1.0),
                                options.verbose, min_peak=True)
