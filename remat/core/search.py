@@ -213,9 +213,9 @@ class Frontier:
             known = self.points[cand.key] = dataclasses.replace(
                 self._measure(cand), column=self.columns[column].name,
                 rank=self.columns[column].rank)
-            log.info("remat: %s at model target %d: footprint %d, +%.3g FLOPs",
-                     known.column, self.columns[column].rungs[rung], known.footprint,
-                     known.extra_flops)
+            log.info("remat: %s at model target %d (planned peak %d): footprint %d, "
+                     "+%.3g FLOPs", known.column, self.columns[column].rungs[rung],
+                     cand.model_peak, known.footprint, known.extra_flops)
         return known
 
     def walk(self, column: int, limit: int, bound: float = math.inf) -> bool:
