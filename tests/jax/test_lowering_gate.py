@@ -208,3 +208,15 @@ def test_automatic_pass_regions_gated_where_they_read_convolutions():
         assert ("conditional(" in text) == conditional and "rng" in text
         assert plan.compiled.cost_analysis()["flops"] > plain.cost_analysis()["flops"]
         _close(plan.compiled(*make(1)), plain(*make(1)))
+
+def test_the_bit_generator_runs_once_however_many_regions_are_gated():
+    # XLA copies cheap elementwise producers into every fusion that reads them; the
+    # opaque value comes out of a reduction (never fused into its readers), so its
+    # bit generator is compiled once, not once per gated input (its xor
+    # instructions: 144 for one region and 1152 for eight, before).
+    def generator_instructions(layers):
+        text = _compile(_chain(gate, layers=layers), *_chain_args(layers=layers)).as_text()
+        return text.count(" xor(")
+
+    one, many = generator_instructions(2), generator_instructions(16)
+    assert 0 < many == one
