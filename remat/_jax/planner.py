@@ -55,13 +55,26 @@ _CACHED_PROGRAMS = 8
 
 @dataclasses.dataclass(frozen=True)
 class Measured:
-    """What a :class:`~remat.core.search.Point` keeps of a compiled plan."""
+    """What a :class:`~remat.core.search.Point` keeps of a compiled plan: with
+    ``final``, the program compiled to run; else the lowered program, to compile
+    to run should the plan answer (a measuring compile's code is not kept)."""
     result: PlanResult
     jaxpr: core.ClosedJaxpr
     compiled: Any
     footprint: XlaFootprint
     small_node_bytes: int
-    final: bool = True        # compiled to run (not only to measure)
+    final: bool = True
+    lowered: Any = None
+
+    @classmethod
+    def of(cls, program: Program, result: PlanResult, jaxpr: core.ClosedJaxpr,
+           small_node_bytes: int) -> "Measured":
+        """``jaxpr`` compiled to measure (and to run, where that is the same)."""
+        lowered = program.lower(jaxpr)
+        compiled = program.compile_lowered(lowered, measure_only=True)
+        final = not program.measures_in_part
+        return cls(result, jaxpr, compiled if final else None, XlaFootprint.of(compiled),
+                   small_node_bytes, final, None if final else lowered)
 
 
 class Planner:
@@ -95,7 +108,8 @@ class Planner:
                 self.orders = [on_schedule(graph, order, check=False)]
         self.plan_seconds += time.perf_counter() - start
         t = time.perf_counter()
-        compiled = program.compile(program.flat, measure_only=True)
+        lowered = program.lower(program.flat)
+        compiled = program.compile_lowered(lowered, measure_only=True)
         self.baseline = XlaFootprint.of(compiled)
         # Plans return their results laid out as the plain program does.
         program.jit_kwargs = keep_output_shardings(compiled, program.jit_kwargs)
@@ -122,9 +136,11 @@ class Planner:
             first = len(self.algorithms())
             columns = [*(c for col in columns[:first]
                          for c in (col, _relowered(col, fallback))), *columns[first:]]
+        final = not program.measures_in_part
         plain = Point((), self.baseline.total, 0.0, "plain",
-                      Measured(self._plain_result(), program.flat, compiled,
-                               self.baseline, 0, final=not program.measures_in_part))
+                      Measured(self._plain_result(), program.flat,
+                               compiled if final else None, self.baseline, 0, final,
+                               None if final else lowered))
         self.frontier = Frontier(columns, self._measure, plain)
 
     def algorithms(self) -> tuple[str, ...]:
@@ -155,11 +171,11 @@ class Planner:
         should it differ from the measured one."""
         m = point.payload
         start = time.perf_counter()
-        compiled = self.program.compile(m.jaxpr)
+        compiled = self.program.compile_lowered(m.lowered)
         footprint = XlaFootprint.of(compiled)
         self.compile_seconds += time.perf_counter() - start
         payload = dataclasses.replace(m, compiled=compiled, footprint=footprint,
-                                      final=True)
+                                      final=True, lowered=None)
         final = dataclasses.replace(point, footprint=footprint.total, payload=payload)
         self.frontier.update(final)
         return final
@@ -208,12 +224,12 @@ class Planner:
                 return planned[target]
             start = time.perf_counter()
             small = self.small_node_bytes(order, target, algorithm)
-            highest, least = out_of_reach.get(small, (-1, None))
+            highest, least_peak = out_of_reach.get(small, (-1, None))
             if target <= highest:
                 # No selection meets a higher target with these candidates: none
                 # meets this one, and the solver would prove it for nothing.
                 self.plan_seconds += time.perf_counter() - start
-                return least
+                return least_peak
             options = dataclasses.replace(self.options, model_target_bytes=target,
                                           algorithm=algorithm, small_node_bytes=small,
                                           solver_seconds=seconds)
@@ -222,7 +238,7 @@ class Planner:
                     # Its plan of least peak, searched once (to the time limit),
                     # serves every target out of reach.
                     result = plan_optimal(scheduled, options,
-                                          least.payload[0] if least else None)
+                                          least_peak.payload[0] if least_peak else None)
                 else:
                     result = get_algorithm(algorithm)(scheduled, options)
                 if not result.met and algorithm != "optimal":
@@ -233,7 +249,7 @@ class Planner:
             cand = Candidate(result.regions, result.timeline.peak_bytes,
                              result.extra_flops, (result, small, None))
             if result.status == "infeasible":
-                out_of_reach[small] = (max(target, highest), least or cand)
+                out_of_reach[small] = (max(target, highest), least_peak or cand)
             planned[target] = cand
             return cand
 
@@ -249,14 +265,10 @@ class Planner:
             jaxpr = core.ClosedJaxpr(
                 rewrite_jaxpr(flat.jaxpr, result.rewritten, lowering), flat.consts)
         t = time.perf_counter()
-        compiled = self.program.compile(jaxpr, measure_only=True)
-        footprint = XlaFootprint.of(compiled)
-        done = time.perf_counter()
+        measured = Measured.of(self.program, result, jaxpr, small)
         self.plan_seconds += t - start
-        self.compile_seconds += done - t
-        return Point(cand.key, footprint.total, cand.extra_flops, "",
-                     Measured(result, jaxpr, compiled, footprint, small,
-                              final=not self.program.measures_in_part))
+        self.compile_seconds += time.perf_counter() - t
+        return Point(cand.key, measured.footprint.total, cand.extra_flops, "", measured)
 
     def _plain_result(self) -> PlanResult:
         """The result of planning nothing (the program as written)."""

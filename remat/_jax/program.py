@@ -249,7 +249,11 @@ class Program:
         """``closed`` compiled for the call's dynamic leaves; with ``measure_only``,
         faster where the platform allows (:data:`MEASURE_OPTIONS`): the same
         memory figures, slower code (compile again to run it)."""
-        lowered = self.lower(closed)
+        return self.compile_lowered(self.lower(closed), measure_only)
+
+    def compile_lowered(self, lowered, measure_only: bool = False):
+        """:meth:`compile` of what :meth:`lower` returned (a plan measured, then
+        compiled to run, is lowered once)."""
         if measure_only and self.measures_in_part:
             return lowered.compile(compiler_options=MEASURE_OPTIONS[self.platform()])
         return lowered.compile()

@@ -376,22 +376,39 @@ def test_a_conv_net_falls_back_to_the_conditional_where_the_gate_keeps_too_much(
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def _record_compiles(monkeypatch, module):
+    """Records each lowering of a Program as (jaxpr, lowered) and each compile as
+    (jaxpr, measure_only)."""
+    lowerings, calls = [], []
+    lower, compile_lowered = module.Program.lower, module.Program.compile_lowered
+
+    def lowering(self, closed):
+        lowered = lower(self, closed)
+        lowerings.append((closed, lowered))
+        return lowered
+
+    def compiling(self, lowered, measure_only=False):
+        [closed] = [c for c, lo in lowerings if lo is lowered]
+        calls.append((closed, measure_only))
+        return compile_lowered(self, lowered, measure_only)
+
+    monkeypatch.setattr(module.Program, "lower", lowering)
+    monkeypatch.setattr(module.Program, "compile_lowered", compiling)
+    return lowerings, calls
+
+
 def test_plans_are_measured_by_quick_compiles_and_the_answer_compiled_in_full(
         monkeypatch):
-    from remat._jax.program import Program
-    calls = []
-    compile_ = Program.compile
-
-    def recording(self, closed, measure_only=False):
-        calls.append((closed, measure_only))
-        return compile_(self, closed, measure_only)
-
-    monkeypatch.setattr(Program, "compile", recording)
+    from remat._jax import program as program_module
+    lowerings, calls = _record_compiles(monkeypatch, program_module)
     planner_module.forget_planners()
     ws, x = _inputs(7)
     plan = remat.plan(jax.value_and_grad(_loss), ws, x, memory_limit=0.5)
     assert plan.met and all(quick for _, quick in calls[:-1])
     assert calls[-1] == (plan.jaxpr, False)
+    # measured, then compiled to run, from one lowering
+    assert sum(c is plan.jaxpr for c, _ in calls) == 2
+    assert sum(c is plan.jaxpr for c, _ in lowerings) == 1
     before = len(calls)
     remat.plan(jax.value_and_grad(_loss), ws, x, memory_limit=0.5)
     assert len(calls) == before          # the frontier keeps the full compile
@@ -400,21 +417,14 @@ def test_plans_are_measured_by_quick_compiles_and_the_answer_compiled_in_full(
 def test_where_measuring_compiles_are_full_ones_the_answer_is_not_compiled_again(
         monkeypatch):
     from remat._jax import program as program_module
-    calls = []
-    compile_ = program_module.Program.compile
-
-    def recording(self, closed, measure_only=False):
-        calls.append(closed)
-        return compile_(self, closed, measure_only)
-
-    monkeypatch.setattr(program_module.Program, "compile", recording)
+    _, calls = _record_compiles(monkeypatch, program_module)
     monkeypatch.setattr(program_module, "MEASURE_OPTIONS", {})   # as on GPU/TPU
     planner_module.forget_planners()
     ws, x = _inputs(8)
     plan = remat.plan(jax.value_and_grad(_loss), ws, x, memory_limit=0.5)
     # the plain program and each plan tried, once each; the answer among them
     assert plan.met and len(calls) == plan.compiles + 1
-    assert sum(c is plan.jaxpr for c in calls) == 1
+    assert sum(c is plan.jaxpr for c, _ in calls) == 1
 
 
 def test_a_plan_draws_one_opaque_predicate_for_all_its_regions():
