@@ -21,8 +21,9 @@ CSE may merge it with the identical forward computation. Four strategies stop th
   ``rng_uniform(0, 1) < 2``: always true, but the compiler cannot prove it, and no
   data (NaN, Inf) can flip it. Nothing moves in or out of a branch, and a branch
   cannot start before all its operands (the cotangents) exist. The other branch
-  returns zeros. The regions of one block share one draw of the random value
-  (XLA expands each draw into its bit generator: hundreds of instructions).
+  returns zeros. The regions of one block share one draw of the random value,
+  reduced to a scalar (XLA expands a draw into its bit generator, and copies an
+  elementwise producer into every fusion that reads it; never a reduction).
   XLA:CPU runs convolutions inside a branch with a slow generic kernel, so where
   the region's backward holds convolutions, only the recomputation goes in the
   conditional, gated on a cotangent (``_lower_gated``).
