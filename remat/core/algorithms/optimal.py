@@ -174,8 +174,8 @@ def plan_optimal(scheduled: Scheduled, options: RematOptions,
             limit, best.status, best.timeline.peak_bytes)
     elif best is None:
         # nothing meets the limit: the least estimated peak instead
-        res, _ = program.solve(limit, max(deadline - time.perf_counter(), 1.0),
-                               options.verbose, min_peak=True)
+        res, _ = program.least_peak(max(deadline - time.perf_counter(), 1.0),
+                                    options.verbose)
         chosen = ([i for i in range(len(cands)) if res.x[i] > 0.5]
                   if res.x is not None else [])
         regions = [Region(cands[i].chain, cands[i].consumers) for i in chosen]

@@ -147,6 +147,11 @@ class Program:
             add(row, target - base)
         return rows
 
+    def least_peak(self, seconds: float, verbose: bool):
+        """The selection of least estimated peak (:meth:`solve` with ``min_peak``):
+        scipy's result and the number of rows."""
+        return self.solve(0, seconds, verbose, min_peak=True)
+
     def solve(self, target: int, seconds: float, verbose: bool, min_peak: bool = False):
         """Solves for ``target``; returns scipy's result and the number of rows.
 
