@@ -39,7 +39,7 @@ __all__ = ["Measured", "Planner", "planner_for", "PORTFOLIO_ALGORITHMS",
            "OPTIMAL_MAX_OPS"]
 
 #: The algorithms of the default, in the order its walks try them.
-PORTFOLIO_ALGORITHMS = ("path", "standard", "optimal")
+PORTFOLIO_ALGORITHMS = ("path", "standard", "optimal", "segments")
 #: ``"optimal"`` joins the default only for graphs of at most this many ops (and on
 #: the first order only): each rung is an integer program, whose time grows fast
 #: with the program, and the default should answer in about a compile's time.

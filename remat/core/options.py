@@ -27,7 +27,7 @@ __all__ = ["RematOptions", "ALGORITHMS", "PORTFOLIO", "SCHEDULERS", "parse_bytes
            "parse_limit", "resolve_options", "DEFAULT_SMALL_NODE_BYTES"]
 
 #: The automatic rematerialization algorithms, by name.
-ALGORITHMS = ("standard", "path", "compress", "standardcompress", "optimal")
+ALGORITHMS = ("standard", "path", "compress", "standardcompress", "optimal", "segments")
 #: The default of the automatic pass: several algorithms, the cheapest plan that
 #: XLA reads within the limit (``remat.core.search``).
 PORTFOLIO = "auto"

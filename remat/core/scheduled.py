@@ -59,6 +59,7 @@ class Caches:
       merges: ``algorithms.consolidate``: the last few consolidations.
       trajectories: ``algorithms.sweep``: each strategy's sweep, per setting.
       rebuild_peaks: ``algorithms.estimate``: the bytes a chain's rebuild holds.
+      segmentations: ``algorithms.segments``: its plans, per small-node limit.
     """
 
     blocks: dict[Any, Any] = dataclasses.field(default_factory=dict)
@@ -69,6 +70,7 @@ class Caches:
         default_factory=collections.OrderedDict)
     trajectories: dict[Any, Any] = dataclasses.field(default_factory=dict)
     rebuild_peaks: dict[Any, int] = dataclasses.field(default_factory=dict)
+    segmentations: dict[Any, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -107,7 +107,7 @@ def test_options_validate():
     with pytest.raises(ValueError, match="unknown algorithm"):
         RematOptions(100, "magic")
     assert set(ALGORITHMS) == {"standard", "path", "compress", "standardcompress",
-                               "optimal"}
+                               "optimal", "segments"}
     assert parse_bytes("2GiB") == 2 << 30
     with pytest.raises(ValueError, match="cannot read"):
         parse_bytes("lots")

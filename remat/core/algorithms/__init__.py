@@ -33,6 +33,7 @@ from .compress import is_expansion, plan_compress
 from .optimal import plan_optimal
 from .path import plan_path
 from .recomputable import recomputable
+from .segments import plan_segments
 from .result import PlanResult, consolidated
 from .standard import plan_standard
 from .standardcompress import plan_standardcompress
@@ -47,6 +48,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "compress": plan_compress,
     "standardcompress": plan_standardcompress,
     "optimal": plan_optimal,
+    "segments": plan_segments,
 }
 
 

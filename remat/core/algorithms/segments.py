@@ -1,0 +1,181 @@
+"""``"segments"``: checkpoint whole segments, as a hand-written segmentation does.
+
+A user who wraps each block of a model in ``checkpoint`` keeps the block's input
+for the backward pass and recomputes the whole block from it there. This
+algorithm makes those plans on any schedule, without knowing the blocks:
+
+* The *residuals* are the values live across the schedule's peak step (the turn
+  from the forward pass to the backward one, in a training step) that may be
+  dropped (a recomputable producer, not fused, not under ``small_node_bytes``).
+* A *cut* is a residual that every later residual depends on, but for those
+  computed from the program's inputs alone (a weight's cast): a block's input.
+* Keeping every ``k``-th cut (``k = 1, 2, ...``), or none, every other residual
+  is dropped and rebuilt, for its readers after the peak, from the kept cuts and
+  the inputs: one region per segment between two kept cuts.
+
+Segment plans recompute each op of the forward pass about once whatever ``k``;
+they differ in what they hold. The plan for a limit is the one of least
+simulated peak among those within it with the least recompute, else the one of
+least peak. The other algorithms drop what the model sees at its peak; these
+plans drop everything but the cuts, which is what a compiler that holds more
+than the model (a value in two layouts, a broadcast materialized) needs.
+
+Example::
+
+    >>> from remat.core.graph import GraphBuilder
+    >>> from remat.core.options import RematOptions
+    >>> from remat.core.scheduled import on_schedule
+    >>> b = GraphBuilder()
+    >>> x = b.add_input(10)
+    >>> (h1,) = b.add_op("f", [x], [100], flops=10)
+    >>> (c1,) = b.add_op("f", [h1], [10], flops=10)
+    >>> (h2,) = b.add_op("f", [c1], [100], flops=10)
+    >>> (y,) = b.add_op("f", [h2], [10], flops=10)
+    >>> (g2,) = b.add_op("g", [y, h2], [10])
+    >>> (g1,) = b.add_op("g", [g2, h1], [10])
+    >>> g = b.build(outputs=[g1])
+    >>> r = plan_segments(on_schedule(g, tuple(range(6))),
+    ...                   RematOptions(150, "segments", small_node_bytes=0))
+    >>> r.met, [tuple(x.recompute) for x in r.regions]
+    (True, [(0,)])
+"""
+
+from __future__ import annotations
+
+from ..evaluate import evaluate
+from ..options import RematOptions
+from ..plan import PlanError, Region
+from ..scheduled import Scheduled
+from .recomputable import recomputable
+from .result import PlanResult
+
+__all__ = ["plan_segments"]
+
+
+def plan_segments(scheduled: Scheduled, options: RematOptions) -> PlanResult:
+    """Plans with the ``"segments"`` algorithm (see the module docstring)."""
+    limit = options.model_target_bytes
+    known = scheduled.caches.segmentations
+    if options.small_node_bytes not in known:
+        known[options.small_node_bytes] = _simulated(
+            scheduled, _segmentations(scheduled, options.small_node_bytes))
+    plans = [PlanResult(tuple(rw.regions), rw, tl, scheduled.timeline, limit)
+             for rw, tl in known[options.small_node_bytes]]
+    if not plans:
+        rw, tl = evaluate(scheduled, [])
+        return PlanResult((), rw, tl, scheduled.timeline, limit)
+    met = [p for p in plans if p.met]
+    if met:
+        return min(met, key=lambda p: (p.extra_flops, p.timeline.peak_bytes))
+    return min(plans, key=lambda p: (p.timeline.peak_bytes, p.extra_flops))
+
+
+def _simulated(scheduled: Scheduled, segmentations: list[list[Region]]) -> list:
+    """The rewritten program and simulation of each segmentation realizable."""
+    out = []
+    for regions in segmentations:
+        try:
+            out.append(evaluate(scheduled, regions))
+        except PlanError:
+            continue
+    return out
+
+
+def _segmentations(scheduled: Scheduled, small_node_bytes: int) -> list[list[Region]]:
+    """The regions of each segmentation: keeping every ``k``-th cut."""
+    graph, timeline = scheduled.graph, scheduled.timeline
+    turn = timeline.peak_step
+    if turn < 0:
+        return []
+    step_of = {op: s for s, op in enumerate(timeline.schedule)}
+    fixed = set(graph.inputs) | set(graph.outputs)
+
+    def far_readers(v: int) -> list[int]:
+        return [u for u in graph.users[v] if step_of[u] > turn]
+
+    residuals = [
+        v for v, value in enumerate(graph.values)
+        if value.producer is not None and v not in fixed
+        and step_of[value.producer] < turn and far_readers(v)
+        and not timeline.fused[v] and value.nbytes >= max(small_node_bytes, 1)
+        and recomputable(graph, value.producer)]
+    if not residuals:
+        return []
+    residuals.sort(key=lambda v: step_of[graph.values[v].producer])
+    computed = _computed_ancestors(graph, residuals)
+    chained = [v for v in residuals if computed[v]]     # not from the inputs alone
+    cuts = [v for i, v in enumerate(chained)
+            if all(v in computed[w] for w in chained[i + 1:])]
+    kept_sets = [set(cuts[k - 1::k]) for k in _spacings(len(cuts))] + [set()]
+    out = [_regions(graph, residuals, kept, far_readers) for kept in kept_sets]
+    return [regions for regions in out if regions]
+
+
+#: Spacings of the kept cuts tried: every one up to this, then growing by half.
+_EVERY_SPACING_UP_TO = 4
+
+
+def _spacings(cuts: int) -> list[int]:
+    """The ``k`` tried (keep every ``k``-th of ``cuts`` cuts): 1 to 4, then each
+    half as large again, so that a deep program gets a dozen plans, not one per cut.
+
+    >>> _spacings(3), _spacings(40)
+    ([1, 2, 3], [1, 2, 3, 4, 6, 9, 14, 21, 32])
+    """
+    out, k = [], 1
+    while k <= cuts:
+        out.append(k)
+        k = k + 1 if k < _EVERY_SPACING_UP_TO else (3 * k + 1) // 2
+    return out
+
+
+def _computed_ancestors(graph, residuals: list[int]) -> dict[int, set[int]]:
+    """For each residual, the computed values (not inputs) it depends on."""
+    memo: dict[int, set[int]] = {}
+
+    def ancestors(v: int) -> set[int]:
+        stack, seen = [v], set()
+        while stack:
+            w = stack.pop()
+            producer = graph.values[w].producer
+            if producer is None:
+                continue
+            for u in graph.ops[producer].inputs:
+                if u not in seen and graph.values[u].producer is not None:
+                    seen.add(u)
+                    stack.append(u)
+        return seen
+
+    for v in residuals:
+        memo[v] = ancestors(v)
+    return memo
+
+
+def _regions(graph, residuals: list[int], kept: set[int], far_readers) -> list[Region]:
+    """One region per segment: the dropped residuals after a kept cut (up to the
+    next one), rebuilt from the kept cuts and the inputs for their late readers."""
+    segments: list[list[int]] = [[]]
+    for v in residuals:
+        if v in kept:
+            segments.append([])
+        else:
+            segments[-1].append(v)
+    regions = []
+    for dropped in segments:
+        if not dropped:
+            continue
+        ops: set[int] = set()
+        stack = list(dropped)
+        while stack:
+            v = stack.pop()
+            producer = graph.values[v].producer
+            if producer is None or v in kept or producer in ops:
+                continue
+            if not recomputable(graph, producer):
+                continue
+            ops.add(producer)
+            stack.extend(graph.ops[producer].inputs)
+        consumers = sorted({u for v in dropped for u in far_readers(v)} - ops)
+        if ops and consumers:
+            regions.append(Region(tuple(sorted(ops)), tuple(consumers)))
+    return regions
