@@ -4,13 +4,14 @@ A user who wraps each block of a model in ``checkpoint`` keeps the block's input
 for the backward pass and recomputes the whole block from it there. This
 algorithm makes those plans on any schedule, without knowing the blocks:
 
-* The *residuals* are the values live across the schedule's peak step (the turn
-  from the forward pass to the backward one, in a training step) that may be
-  dropped (a recomputable producer, not fused, not under ``small_node_bytes``).
+* The *residuals* are the values defined before the schedule's peak step (the
+  turn from the forward pass to the backward one, in a training step) and read
+  there or after, that may be dropped (a recomputable producer, not fused, not
+  under ``small_node_bytes``).
 * A *cut* is a residual that every later residual depends on, but for those
   computed from the program's inputs alone (a weight's cast): a block's input.
 * Keeping every ``k``-th cut (``k = 1, 2, ...``), or none, every other residual
-  is dropped and rebuilt, for its readers after the peak, from the kept cuts and
+  is dropped and rebuilt, for its readers from the peak on, from the kept cuts and
   the inputs: one region per segment between two kept cuts.
 
 Segment plans recompute each op of the forward pass about once whatever ``k``;
@@ -91,7 +92,7 @@ def _segmentations(scheduled: Scheduled, small_node_bytes: int) -> list[list[Reg
     fixed = set(graph.inputs) | set(graph.outputs)
 
     def far_readers(v: int) -> list[int]:
-        return [u for u in graph.users[v] if step_of[u] > turn]
+        return [u for u in graph.users[v] if step_of[u] >= turn]
 
     residuals = [
         v for v, value in enumerate(graph.values)
