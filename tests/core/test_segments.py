@@ -13,9 +13,8 @@ def _scheduled(graph):
     return on_schedule(graph, tuple(range(graph.num_ops)))
 
 
-def _plan(graph, limit):
-    return plan_segments(_scheduled(graph), RematOptions(limit, "segments",
-                                                         small_node_bytes=0))
+def _plan(graph, limit, **options):
+    return plan_segments(_scheduled(graph), RematOptions(limit, "segments", **options))
 
 
 def test_a_chain_keeps_every_kth_activation_and_rebuilds_the_others():
@@ -61,6 +60,12 @@ def test_values_from_the_inputs_alone_do_not_break_a_cut():
     every_cut = _segmentations(_scheduled(g), 0)[0]
     rebuilt = set().union(*(r.recompute for r in every_cut))
     assert 1 not in rebuilt and 2 in rebuilt
+
+
+def test_a_small_node_limit_given_keeps_the_smaller_values():
+    g = training_chain(8, act_bytes=1000)
+    assert _plan(g, 1).regions              # the default limit is the greedy's
+    assert not _plan(g, 1, small_node_bytes=2000, small_node_given=True).regions
 
 
 def test_nothing_to_segment_is_the_program_as_written():

@@ -7,7 +7,7 @@ algorithm makes those plans on any schedule, without knowing the blocks:
 * The *residuals* are the values defined before the schedule's peak step (the
   turn from the forward pass to the backward one, in a training step) and read
   there or after, that may be dropped (a recomputable producer, not fused, not
-  under ``small_node_bytes``).
+  under a ``small_node_bytes`` the user gave).
 * A *cut* is a residual that every later residual depends on, but for those
   computed from the program's inputs alone (a weight's cast): a block's input.
 * Keeping every ``k``-th cut (``k = 1, 2, ...``), or none, every other residual
@@ -35,8 +35,7 @@ Example::
     >>> (g2,) = b.add_op("g", [y, h2], [10])
     >>> (g1,) = b.add_op("g", [g2, h1], [10])
     >>> g = b.build(outputs=[g1])
-    >>> r = plan_segments(on_schedule(g, tuple(range(6))),
-    ...                   RematOptions(150, "segments", small_node_bytes=0))
+    >>> r = plan_segments(on_schedule(g, tuple(range(6))), RematOptions(150, "segments"))
     >>> r.met, [tuple(x.recompute) for x in r.regions]
     (True, [(0,)])
 """
@@ -56,12 +55,14 @@ __all__ = ["plan_segments"]
 def plan_segments(scheduled: Scheduled, options: RematOptions) -> PlanResult:
     """Plans with the ``"segments"`` algorithm (see the module docstring)."""
     limit = options.model_target_bytes
+    # A segment rebuilds every residual in it, small ones too, unless the user
+    # set the small-node limit (the default one serves the greedy algorithms).
+    small = options.small_node_bytes if options.small_node_given else 0
     known = scheduled.caches.segmentations
-    if options.small_node_bytes not in known:
-        known[options.small_node_bytes] = _simulated(
-            scheduled, _segmentations(scheduled, options.small_node_bytes))
+    if small not in known:
+        known[small] = _simulated(scheduled, _segmentations(scheduled, small))
     plans = [PlanResult(tuple(rw.regions), rw, tl, scheduled.timeline, limit)
-             for rw, tl in known[options.small_node_bytes]]
+             for rw, tl in known[small]]
     if not plans:
         rw, tl = evaluate(scheduled, [])
         return PlanResult((), rw, tl, scheduled.timeline, limit)
