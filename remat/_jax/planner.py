@@ -47,6 +47,11 @@ OPTIMAL_MAX_OPS = 400
 #: The time limit of each of ``"optimal"``'s solves in the default (seconds; the
 #: best selection found by then is used): it is tried after the heuristics.
 OPTIMAL_DEFAULT_SECONDS = 5.0
+#: Algorithms walked for a limit only while no plan is known within it:
+#: ``"optimal"`` (a solve may take longer than a compile) and ``"segments"`` (its
+#: plans rebuild whole segments, seldom cheaper than an answer found, and it
+#: simulates every segmentation before it answers).
+LAST_RESORT = frozenset({"optimal", "segments"})
 #: The smallest default small-node limit tried before none at all (bytes).
 _SMALLEST_SMALL_NODE = 4096
 #: Frontiers kept for the process (the least recently used one goes first).
@@ -255,7 +260,7 @@ class Planner:
 
         return Column(name, rungs(self.floor(order, least, algorithm), peak), per_xla,
                       lambda limit: int(max(limit - scratch, 0) * per_xla), plan,
-                      rank=2 * order, plans_quickly=algorithm != "optimal")
+                      rank=2 * order, plans_quickly=algorithm not in LAST_RESORT)
 
     def _measure(self, cand: Candidate) -> Point:
         result, small, lowering = cand.payload
