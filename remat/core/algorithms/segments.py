@@ -15,9 +15,9 @@ algorithm makes those plans on any schedule, without knowing the blocks:
   the inputs: one region per segment between two kept cuts.
 
 Segment plans recompute each op of the forward pass about once whatever ``k``;
-they differ in what they hold. The plan for a limit is the one of least
-simulated peak among those within it with the least recompute, else the one of
-least peak. The other algorithms drop what the model sees at its peak; these
+they differ in what they hold. The plan for a limit is the one with the least
+recompute among those whose simulated peak is within it, else the one of least
+peak. The other algorithms drop what the model sees at its peak; these
 plans drop everything but the cuts, which is what a compiler that holds more
 than the model (a value in two layouts, a broadcast materialized) needs.
 
