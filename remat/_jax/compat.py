@@ -13,6 +13,10 @@ the range moves, this is the one file to revisit.
 from __future__ import annotations
 
 import os
+import re
+import warnings
+
+import jax
 
 from jax._src import api_util as api_util
 from jax._src import core as core
@@ -35,6 +39,37 @@ from jax._src.state.types import AbstractRef as AbstractRef
 from jax._src.state.types import AccumEffect as AccumEffect
 from jax._src.state.types import WriteEffect as WriteEffect
 from jax._src.util import weakref_lru_cache as weakref_lru_cache
+
+#: The jax releases remat is tested on: from the first, up to (not including) the
+#: second; pyproject.toml pins the same range.
+TESTED_RANGE = ((0, 10, 2), (0, 11))
+
+
+def untested_release_warning(version: str) -> str | None:
+    """What to tell a user whose ``jax.__version__`` lies outside
+    :data:`TESTED_RANGE` (None inside it). pip keeps the range; a source checkout
+    or ``--no-deps`` install on an image with another jax does not.
+
+    >>> untested_release_warning("0.10.2") is None
+    True
+    >>> untested_release_warning("0.11.2")[:41]
+    'remat is tested on jax >=0.10.2,<0.11 and'
+    """
+    release = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+    low, high = TESTED_RANGE
+    if low <= release < high:
+        return None
+    text = (f"remat is tested on jax >=0.10.2,<0.11 and this is jax {version}: "
+            "remat relies on JAX internals that change between releases")
+    if release >= high:
+        text += (" (on jax 0.11, lax.scan's parameters changed: remat.jit's loop "
+                 "planning fails there, and so do mutable refs in regions)")
+    return text + ". Install 'jax>=0.10.2,<0.11' and 'jaxlib>=0.10.2,<0.11'."
+
+
+_untested = untested_release_warning(jax.__version__)
+if _untested:
+    warnings.warn(_untested, RuntimeWarning, stacklevel=2)
 
 # Source locations recorded on equations (shown by saved_residuals and in jaxprs)
 # skip remat's own frames, as they skip JAX's, so that they name the user's line.

@@ -48,3 +48,12 @@ def test_a_partial_discharge_is_refused(monkeypatch):
     with pytest.raises(NotImplementedError, match="only some of a region's refs"):
         rule(_Context([ref, ref], [], [True, False]), 1.0, 2.0)
     assert not calls
+
+
+def test_a_release_outside_the_tested_range_is_named_with_the_fix():
+    assert compat.untested_release_warning("0.10.2") is None
+    assert compat.untested_release_warning("0.10.9") is None
+    newer = compat.untested_release_warning("0.11.2")
+    assert "jax 0.11.2" in newer and "lax.scan" in newer and "'jax>=0.10.2,<0.11'" in newer
+    older = compat.untested_release_warning("0.9.2")
+    assert "jax 0.9.2" in older and "lax.scan" not in older
