@@ -59,12 +59,14 @@ def untested_release_warning(version: str) -> str | None:
     low, high = TESTED_RANGE
     if low <= release < high:
         return None
-    text = (f"remat is tested on jax >=0.10.2,<0.11 and this is jax {version}: "
-            "remat relies on JAX internals that change between releases")
+    spec = f">={'.'.join(map(str, low))},<{'.'.join(map(str, high))}"
+    text = (f"remat is tested on jax {spec} and this is jax {version}: remat relies "
+            "on JAX internals that change between releases")
     if release >= high:
-        text += (" (on jax 0.11, lax.scan's parameters changed: remat.jit's loop "
-                 "planning fails there, and so do mutable refs in regions)")
-    return text + ". Install 'jax>=0.10.2,<0.11' and 'jaxlib>=0.10.2,<0.11'."
+        text += (" (on jax 0.11, lax.scan's parameters changed and a ClosedJaxpr is "
+                 "a Jaxpr: remat.jit's loop planning fails there, and so do mutable "
+                 "refs in regions)")
+    return text + f". Install 'jax{spec}' and 'jaxlib{spec}'."
 
 
 _untested = untested_release_warning(jax.__version__)

@@ -1,6 +1,7 @@
 """The version shims of ``remat._jax.compat``."""
 
 import dataclasses
+import pathlib
 import types
 
 import jax.numpy as jnp
@@ -57,3 +58,10 @@ def test_a_release_outside_the_tested_range_is_named_with_the_fix():
     assert "jax 0.11.2" in newer and "lax.scan" in newer and "'jax>=0.10.2,<0.11'" in newer
     older = compat.untested_release_warning("0.9.2")
     assert "jax 0.9.2" in older and "lax.scan" not in older
+
+
+def test_the_tested_range_is_the_one_pyproject_pins():
+    pyproject = (pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text()
+    low, high = (".".join(map(str, r)) for r in compat.TESTED_RANGE)
+    assert f'"jax>={low},<{high}"' in pyproject
+    assert f'"jaxlib>={low},<{high}"' in pyproject
