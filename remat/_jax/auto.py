@@ -74,9 +74,9 @@ def refusal(planner: Planner, limit: int) -> str:
                 f"{format_bytes(base.total)}.")
     text = (f"remat: cannot meet memory_limit={format_bytes(limit)} ({limit} bytes). "
             f"XLA's footprint of the program is {format_bytes(base.total)}; the least "
-            f"reached is {format_bytes(lowest.footprint)} ({lowest.column}, "
-            f"+{lowest.extra_flops / 1e9:.2f} GFLOP), so a limit of "
-            f"{format_bytes(lowest.footprint)} or more is met; every planning target at or "
+            f"reached is {format_bytes(lowest.footprint)} ({lowest.footprint} bytes; "
+            f"{lowest.column}, +{lowest.extra_flops / 1e9:.2f} GFLOP), so a limit of "
+            f"{lowest.footprint} bytes or more is met; every planning target at or "
             f"below this limit's was tried ({len(planner.frontier.points)} distinct plans "
             f"of {', '.join(map(repr, algorithms))} compiled). No program with these "
             f"arguments and outputs goes below {format_bytes(base.held_whatever)} "

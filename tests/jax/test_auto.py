@@ -84,8 +84,11 @@ def test_unreachable_limit_names_least_and_bound():
     error = refused.value
     assert "small_node_limit" not in str(error) and "algorithm=" not in str(error)
     assert error.bound_bytes == fp.held_whatever < error.limit_bytes < error.least_bytes
-    assert f"least reached is {format_bytes(error.least_bytes)}" in str(error)
-    # "a limit of the least reached or more is met": true
+    assert (f"least reached is {format_bytes(error.least_bytes)} ({error.least_bytes} "
+            "bytes;") in str(error)
+    # "a limit of the least reached or more is met": true, to the byte (a limit
+    # and the least reached can read the same in MiB)
+    assert f"a limit of {error.least_bytes} bytes or more is met" in str(error)
     plan = remat.plan(jax.grad(_loss), ws, x, memory_limit=error.least_bytes,
                       small_node_limit=0)
     assert plan.met and plan.planned.total <= error.least_bytes
