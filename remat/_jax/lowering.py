@@ -168,9 +168,11 @@ def fallback_strategy(platform: str, jaxpr: core.Jaxpr) -> str | None:
     conditional (its gated copies of the inputs); None where the default is
     already the one that keeps least.
 
-    >>> from remat._jax.compat import core
-    >>> fallback_strategy("gpu", core.Jaxpr([], [], [], [])) is None
-    True
+    >>> import jax, jax.numpy as jnp
+    >>> conv = jax.make_jaxpr(lambda x, w: jax.lax.conv(x, w, (1, 1), "SAME"))(
+    ...     jnp.ones((1, 1, 8, 8)), jnp.ones((1, 1, 3, 3))).jaxpr
+    >>> fallback_strategy("cpu", conv), fallback_strategy("gpu", conv)
+    ('cond', None)
     """
     if default_strategy(platform) != "gate" or not _reads_slow_nested(jaxpr):
         return None
