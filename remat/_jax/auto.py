@@ -77,7 +77,7 @@ def refusal(planner: Planner, limit: int) -> str:
             f"reached is {format_bytes(lowest.footprint)} ({lowest.footprint} bytes; "
             f"{lowest.column}, +{lowest.extra_flops / 1e9:.2f} GFLOP), so a limit of "
             f"{lowest.footprint} bytes or more is met; every planning target at or "
-            f"below this limit's was tried ({len(planner.frontier.points)} distinct plans "
+            f"below this limit's was tried ({planner.frontier.compiles} distinct plans "
             f"of {', '.join(map(repr, algorithms))} compiled). No program with these "
             f"arguments and outputs goes below {format_bytes(base.held_whatever)} "
             f"(arguments + outputs - donated bytes)")

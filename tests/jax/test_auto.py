@@ -70,6 +70,7 @@ def test_limit_in_bytes_and_strings(plain):
 
 
 def test_unreachable_limit_names_least_and_bound():
+    planner_module.forget_planners()
     ws, x = _inputs(3)
     fp = XlaFootprint.of(jax.jit(jax.grad(_loss)).lower(ws, x).compile())
     # below the arguments and outputs: refused at once, with the bound
@@ -89,6 +90,9 @@ def test_unreachable_limit_names_least_and_bound():
     # "a limit of the least reached or more is met": true, to the byte (a limit
     # and the least reached can read the same in MiB)
     assert f"a limit of {error.least_bytes} bytes or more is met" in str(error)
+    [planner] = planner_module._PLANNERS.values()
+    assert f"({planner.frontier.compiles} distinct plans" in str(error)
+    assert planner.frontier.compiles == len(planner.frontier.points) - 1   # not the plain
     plan = remat.plan(jax.grad(_loss), ws, x, memory_limit=error.least_bytes,
                       small_node_limit=0)
     assert plan.met and plan.planned.total <= error.least_bytes
