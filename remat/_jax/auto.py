@@ -72,13 +72,18 @@ def refusal(planner: Planner, limit: int) -> str:
                 f"{format_bytes(base.held_whatever)} (arguments + outputs - donated "
                 f"bytes); XLA's footprint of the program as written is "
                 f"{format_bytes(base.total)}.")
+    frontier = planner.frontier
+    plans = (f"{frontier.compiles} distinct plans of {', '.join(map(repr, algorithms))} "
+             "compiled")
+    searched = (f"the search stopped after compiling {frontier.max_compiles} plans for "
+                f"this limit, with planning targets at or below it left untried ({plans})"
+                if frontier.out_of_compiles else
+                f"every planning target at or below this limit's was tried ({plans})")
     text = (f"remat: cannot meet memory_limit={format_bytes(limit)} ({limit} bytes). "
             f"XLA's footprint of the program is {format_bytes(base.total)}; the least "
             f"reached is {format_bytes(lowest.footprint)} ({lowest.footprint} bytes; "
             f"{lowest.column}, +{lowest.extra_flops / 1e9:.2f} GFLOP), so a limit of "
-            f"{lowest.footprint} bytes or more is met; every planning target at or "
-            f"below this limit's was tried ({planner.frontier.compiles} distinct plans "
-            f"of {', '.join(map(repr, algorithms))} compiled). No program with these "
+            f"{lowest.footprint} bytes or more is met; {searched}. No program with these "
             f"arguments and outputs goes below {format_bytes(base.held_whatever)} "
             f"(arguments + outputs - donated bytes)")
     if base.scratch:

@@ -36,19 +36,24 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
 3. If no walk met it and no point was known within it, on each column every
    rung at or below its start not compiled yet, until a plan is within the limit.
 4. The answer: the cheapest point known (from any limit asked of this frontier
-   before, too) within the limit; None only if every plan of the frontier is over.
+   before, too) within the limit; None if no plan compiled is within it.
+
+Steps 2 and 3 compile at most :data:`MAX_COMPILES` plans for one limit; then the
+search stops and step 4 answers (``Frontier.out_of_compiles`` is set).
 
 Guarantees, by construction:
 
 * The start rung of a column never falls as the limit rises, and a limit is
-  refused only when every rung of every column at or below its start is over it.
-  So a limit that any one column meets (``algorithm=`` selects one algorithm's
-  columns) is met by a frontier holding that column and others, since a column
-  plans nothing above its start for a limit.
+  refused only when every rung of every column at or below its start is over it,
+  or when its search stopped at ``MAX_COMPILES``. So a limit that any one column
+  meets (``algorithm=`` selects one algorithm's columns) is met by a frontier
+  holding that column and others, since a column plans nothing above its start
+  for a limit, unless the search stopped first.
 * Monotone: a point within a limit is within every higher one. A higher limit
   asked afterwards is met with no more recompute. A higher limit asked of a fresh
-  frontier is met too: the plan that met the lower one sits at or below the
-  lower limit's start, so at or below the higher limit's, where step 3 looks.
+  frontier is met too (unless its search stops first): the plan that met the
+  lower one sits at or below the lower limit's start, so at or below the higher
+  limit's, where step 3 looks.
 
 >>> col = Column("demo", rungs=(10, 20, 30), model_per_xla=1.0,
 ...              estimate=lambda limit: limit,
@@ -71,7 +76,8 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-__all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "Candidate", "Point", "Column", "Frontier", "rungs"]
+__all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MAX_COMPILES", "Candidate", "Point",
+           "Column", "Frontier", "rungs"]
 
 log = logging.getLogger("remat")
 
@@ -86,6 +92,15 @@ FINE_RUNGS = 8
 #: Plans compiled, at most, to refine back up towards a limit after a step down
 #: overshot it (each one recomputes less, if the compiler reads it within).
 REFINES = 2
+#: Plans one limit's search compiles at most (walks and fill together). Limits met
+#: take a few compiles; without a bound, a limit the compiler reads every plan of
+#: over (a program where recomputing makes the compiler hold more, not less)
+#: would compile every rung of every column before it is refused: hundreds.
+MAX_COMPILES = 40
+
+
+class _OutOfCompiles(Exception):
+    """The search for one limit has compiled :data:`MAX_COMPILES` plans."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,10 +196,13 @@ class Frontier:
       columns: the ways of planning, in the order the walks try them.
       measure: a :class:`Candidate` -> its :class:`Point` (compiles it).
       plain: the plain program's point, if known (it meets every limit above it).
+      max_compiles: plans one limit's search compiles at most
+        (:data:`MAX_COMPILES`); ``out_of_compiles`` says whether the last
+        answer's search stopped there.
     """
 
     def __init__(self, columns: Sequence[Column], measure: Callable[[Candidate], Point],
-                 plain: Point | None = None):
+                 plain: Point | None = None, max_compiles: int | None = None):
         self.columns = tuple(columns)
         self._measure = measure
         self.plain = plain
@@ -194,6 +212,9 @@ class Frontier:
         self._planned: dict[tuple[int, int], Candidate] = {}   # (column, rung)
         self._measured: set[tuple[int, int]] = set()           # (column, rung)
         self.compiles = 0
+        self.max_compiles = MAX_COMPILES if max_compiles is None else max_compiles
+        self._compiles_left: int | None = None      # while answering a limit
+        self.out_of_compiles = False    # whether the last answer's search hit the bound
 
     def candidate(self, column: int, rung: int) -> Candidate:
         """The plan of ``column`` at ``rung`` (each planned once)."""
@@ -209,6 +230,11 @@ class Frontier:
         self._measured.add((column, rung))
         known = self.points.get(cand.key)
         if known is None:
+            if self._compiles_left is not None:
+                if self._compiles_left <= 0:
+                    self.out_of_compiles = True
+                    raise _OutOfCompiles
+                self._compiles_left -= 1
             self.compiles += 1
             known = self.points[cand.key] = dataclasses.replace(
                 self._measure(cand), column=self.columns[column].name,
@@ -305,9 +331,21 @@ class Frontier:
 
     def answer(self, limit: int) -> Point | None:
         """The cheapest point within ``limit`` after searching for it (the module's
-        steps 1-4); None if no plan of the frontier is within it."""
+        steps 1-4, compiling at most ``max_compiles`` plans); None if no plan of
+        the frontier is within it."""
+        self.out_of_compiles = False
         if self.plain is not None and self.plain.footprint <= limit:
             return self.plain
+        self._compiles_left = self.max_compiles
+        try:
+            self._search(limit)
+        except _OutOfCompiles:
+            pass
+        finally:
+            self._compiles_left = None
+        return self.best_under(limit)
+
+    def _search(self, limit: int) -> None:
         known = self.best_under(limit)      # from the limits asked before
         met = None
         for c, col in enumerate(self.columns):
@@ -323,7 +361,6 @@ class Frontier:
                 met = self.best_under(limit)
         if met is None and known is None:
             self.fill(limit)
-        return self.best_under(limit)
 
     def _start_flops(self, column: int, limit: int) -> float:
         return self.candidate(column, self.start(column, limit)).extra_flops

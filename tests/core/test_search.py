@@ -10,8 +10,8 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from remat.core.search import (FINE_RUNGS, REFINES, RUNGS, Candidate, Column, Frontier,
-                               Point, rungs)
+from remat.core.search import (FINE_RUNGS, MAX_COMPILES, REFINES, RUNGS, Candidate,
+                               Column, Frontier, Point, rungs)
 
 PEAK, FLOOR = 1000, 300
 
@@ -110,6 +110,33 @@ def test_refused_only_when_every_rung_below_the_start_is_over():
     # floor, so the start is the lowest rung
     assert f.start(0, FLOOR - 1) == 0 and len(compiled) == 1
     assert f.answer(FLOOR).footprint == FLOOR      # the least reached is met
+
+
+def test_a_search_stops_after_max_compiles_and_answers_with_what_it_compiled():
+    # every plan reads 200 over its model peak: no limit under FLOOR + 200 is met,
+    # and without a bound the search would compile every rung of both columns
+    compiled = []
+
+    def measure(cand):
+        compiled.append(cand.key)
+        return Point(cand.key, cand.model_peak + 200, cand.extra_flops, "")
+
+    # (the model expects twice the limit: every walk starts near the top)
+    columns = [_column(n, 0, step=1, per_xla=2.0) for n in ("a", "b")]
+    f = Frontier(columns, measure)
+    assert f.start(0, FLOOR + 150) + f.start(1, FLOOR + 150) + 2 > MAX_COMPILES
+    assert f.answer(FLOOR + 150) is None and f.out_of_compiles
+    assert len(compiled) == f.compiles == MAX_COMPILES
+    # each limit has a bound of its own: the next one compiles what is left
+    # (the rungs at or below its start not compiled yet), within its own bound
+    assert f.answer(FLOOR + 160) is None and not f.out_of_compiles
+    assert MAX_COMPILES < f.compiles < 2 * MAX_COMPILES
+    # a limit met was not cut short
+    assert f.answer(FLOOR + 200) is not None and not f.out_of_compiles
+    # unbounded, the same search compiles every rung before it refuses
+    g = Frontier(columns, measure, max_compiles=10_000)
+    assert g.answer(FLOOR + 150) is None and not g.out_of_compiles
+    assert g.compiles == g.start(0, FLOOR + 150) + g.start(1, FLOOR + 150) + 2
 
 
 def _two_zone_walk(limit):

@@ -10,6 +10,7 @@ import pytest
 import remat
 from remat._flags import parse_flags
 from remat._jax import planner as planner_module
+from remat.core import search
 from remat.core.algorithms import optimal_program
 from remat.core.memlog import format_bytes
 from remat._jax.xla_figures import XlaFootprint, library_scratch_bytes
@@ -96,6 +97,21 @@ def test_unreachable_limit_names_least_and_bound():
     plan = remat.plan(jax.grad(_loss), ws, x, memory_limit=error.least_bytes,
                       small_node_limit=0)
     assert plan.met and plan.planned.total <= error.least_bytes
+
+
+def test_a_search_stopped_by_its_bound_says_so(monkeypatch):
+    planner_module.forget_planners()
+    monkeypatch.setattr(search, "MAX_COMPILES", 2)
+    ws, x = _inputs(3)
+    fp = XlaFootprint.of(jax.jit(jax.grad(_loss)).lower(ws, x).compile())
+    with pytest.raises(remat.MemoryLimitError) as refused:
+        remat.plan(jax.grad(_loss), ws, x, memory_limit=fp.held_whatever + 4096,
+                   small_node_limit=0)
+    [planner] = planner_module._PLANNERS.values()
+    assert planner.frontier.compiles == 2 and planner.frontier.out_of_compiles
+    assert ("the search stopped after compiling 2 plans for this limit, with planning "
+            "targets at or below it left untried (2 distinct plans") in str(refused.value)
+    assert "every planning target" not in str(refused.value)
 
 
 def test_targets_out_of_the_solvers_reach_search_for_the_least_peak_once(monkeypatch):
