@@ -154,3 +154,20 @@ def test_checkpointed_recomputation_is_merged_with_the_forward():
 
     g = jaxpr_to_graph(jax.make_jaxpr(jax.grad(loss))(jnp.ones(3)), merge_repeated=True)
     assert labels(g).count("sin") == 1  # the recomputed sin is the forward one
+
+
+def test_a_max_pool_backward_keeps_its_operand():
+    # the graph of a max-pool's gradient reads the pooled value as operand 1 of
+    # select_and_scatter_add, whose producer the planners then never recompute
+    from remat.core.algorithms.recomputable import recomputable
+
+    def loss(x):
+        h = jnp.tanh(x)
+        return jnp.sum(lax.reduce_window(h, -jnp.inf, lax.max, (1, 2, 2, 1),
+                                         (1, 2, 2, 1), "VALID") ** 2)
+
+    g = jaxpr_to_graph(jax.make_jaxpr(jax.grad(loss))(jnp.ones((2, 8, 8, 3))))
+    [pool_grad] = [o for o in g.ops if o.label == "select_and_scatter_add"]
+    kept = g.values[pool_grad.inputs[1]].producer
+    assert g.ops[kept].label == "tanh" and not recomputable(g, kept)
+    assert recomputable(g, labels(g).index("reduce_window_max"))

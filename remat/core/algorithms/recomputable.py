@@ -1,4 +1,5 @@
-"""Which ops may run twice: everything but effects and non-deterministic ops."""
+"""Which ops may run twice: everything but effects and non-deterministic ops, and
+the producers of a max-pool backward's operand."""
 
 from __future__ import annotations
 
@@ -13,7 +14,34 @@ NOT_RECOMPUTABLE = frozenset({
     "ppermute", "reduce_scatter", "psum_scatter",
 })
 
+#: Operands whose producers are never recomputed, by op and operand position.
+#: XLA:CPU expands ``select_and_scatter_add(source, operand)`` (a max-pool's
+#: backward) into a reduce-window over one int32 iota per dimension of the
+#: operand, and schedules those iotas early. Fed the operand of the forward pass,
+#: the reduce-window runs there and its indices are kept; fed a recomputed
+#: operand in the backward pass, the iotas (4 bytes per element of the operand
+#: per dimension) are held from the forward pass to there: on a ResNet-18 step,
+#: every plan read above the plain program.
+OPERANDS_KEPT = {"select_and_scatter_add": (1,)}
+
 
 def recomputable(graph: Graph, op_id: int) -> bool:
-    """Whether ``op_id`` may be recomputed."""
-    return graph.ops[op_id].label not in NOT_RECOMPUTABLE
+    """Whether ``op_id`` may be recomputed.
+
+    >>> from remat.core.graph import GraphBuilder
+    >>> b = GraphBuilder()
+    >>> x = b.add_input(64)
+    >>> (y,) = b.add_op("max", [x], [64])
+    >>> (p,) = b.add_op("reduce_window_max", [y], [16])
+    >>> (t,) = b.add_op("neg", [p], [16])      # (the cotangent, in a gradient)
+    >>> (g,) = b.add_op("select_and_scatter_add", [t, y], [64])
+    >>> graph = b.build(outputs=[g])
+    >>> [recomputable(graph, o) for o in range(4)]   # max's result is kept
+    [False, True, True, True]
+    """
+    op = graph.ops[op_id]
+    if op.label in NOT_RECOMPUTABLE:
+        return False
+    users, ops = graph.users, graph.ops
+    return not any(ops[u].inputs[k] == v for v in op.outputs for u in users[v]
+                   for k in OPERANDS_KEPT.get(ops[u].label, ()))
