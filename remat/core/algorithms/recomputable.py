@@ -20,8 +20,7 @@ NOT_RECOMPUTABLE = frozenset({
 #: operand, and schedules those iotas early. Fed the operand of the forward pass,
 #: the reduce-window runs there and its indices are kept; fed a recomputed
 #: operand in the backward pass, the iotas (4 bytes per element of the operand
-#: per dimension) are held from the forward pass to there: on a ResNet-18 step,
-#: every plan read above the plain program.
+#: per dimension) are held from the forward pass to there.
 OPERANDS_KEPT = {"select_and_scatter_add": (1,)}
 
 
