@@ -227,14 +227,14 @@ class Frontier:
     def point(self, column: int, rung: int) -> Point:
         """The plan of ``column`` at ``rung``, compiled (each plan once)."""
         cand = self.candidate(column, rung)
-        self._measured.add((column, rung))
         known = self.points.get(cand.key)
+        if known is None and self._compiles_left is not None:
+            if self._compiles_left <= 0:
+                self.out_of_compiles = True
+                raise _OutOfCompiles        # (the rung stays to compile)
+            self._compiles_left -= 1
+        self._measured.add((column, rung))
         if known is None:
-            if self._compiles_left is not None:
-                if self._compiles_left <= 0:
-                    self.out_of_compiles = True
-                    raise _OutOfCompiles
-                self._compiles_left -= 1
             self.compiles += 1
             known = self.points[cand.key] = dataclasses.replace(
                 self._measure(cand), column=self.columns[column].name,
@@ -331,8 +331,8 @@ class Frontier:
 
     def answer(self, limit: int) -> Point | None:
         """The cheapest point within ``limit`` after searching for it (the module's
-        steps 1-4, compiling at most ``max_compiles`` plans); None if no plan of
-        the frontier is within it."""
+        steps 1-4, compiling at most ``max_compiles`` plans); None if no plan
+        compiled is within it."""
         self.out_of_compiles = False
         if self.plain is not None and self.plain.footprint <= limit:
             return self.plain

@@ -133,6 +133,9 @@ def test_a_search_stops_after_max_compiles_and_answers_with_what_it_compiled():
     assert MAX_COMPILES < f.compiles < 2 * MAX_COMPILES
     # a limit met was not cut short
     assert f.answer(FLOOR + 200) is not None and not f.out_of_compiles
+    # a rung the bound stopped before is compiled by a later search
+    assert f.answer(FLOOR + 199) is None and f.exhausted
+    assert len(set(compiled)) == 2 * len(columns[0].rungs)      # each rung compiled
     # unbounded, the same search compiles every rung before it refuses
     g = Frontier(columns, measure, max_compiles=10_000)
     assert g.answer(FLOOR + 150) is None and not g.out_of_compiles
