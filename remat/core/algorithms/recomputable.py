@@ -20,7 +20,9 @@ NOT_RECOMPUTABLE = frozenset({
 #: operand, and schedules those iotas early. Fed the operand of the forward pass,
 #: the reduce-window runs there and its indices are kept; fed a recomputed
 #: operand in the backward pass, the iotas (4 bytes per element of the operand
-#: per dimension) are held from the forward pass to there.
+#: per dimension) are held from the forward pass to there. The rule holds on
+#: every backend (the core does not know which): elsewhere it only keeps one
+#: value per max-pool that a plan could have recomputed.
 OPERANDS_KEPT = {"select_and_scatter_add": (1,)}
 
 
