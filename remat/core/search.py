@@ -25,6 +25,11 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    miss (at most :data:`REFINES` plans: a higher rung recomputes less), at the
    rung the line through their two footprints puts at the limit (stopping when
    it puts none between them within it), and once such a rung missed, halfway.
+   A walk that has compiled its share of :data:`MAX_COMPILES` (divided evenly
+   among the columns) without meeting the limit stops: when the compiler reads
+   a column's plans at one footprint while the model drops, its walk steps down
+   one rung at a time, and would leave the other columns (other orders, whose
+   plans the compiler may read lower) nothing.
    Columns are walked in their given order. Once a walk has met the limit, a
    column is walked only if it plans quickly, has the answer's rank (or names
    it in ``walked_after``), and its plan at its start (planned, not compiled)
@@ -254,9 +259,12 @@ class Frontier:
         col = self.columns[column]
         k = self.start(column, limit)
         missed = None
+        first, share = self.compiles, max(self.max_compiles // len(self.columns), 1)
         while True:
             if self.candidate(column, k).extra_flops >= bound:
                 return False
+            if self.compiles - first >= share:
+                return False        # the other columns' share of the bound
             p = self.point(column, k)
             if p.footprint <= limit:
                 break

@@ -142,6 +142,20 @@ def test_a_search_stops_after_max_compiles_and_answers_with_what_it_compiled():
     assert g.compiles == g.start(0, FLOOR + 150) + g.start(1, FLOOR + 150) + 2
 
 
+def test_a_walk_stops_at_its_share_of_the_bound():
+    # column "a" reads every plan 1 over the limit (a walk one rung at a time);
+    # "b" meets it at its start: walked after a's share, not after the bound
+    def measure(cand):
+        name, peak = cand.key
+        return Point(cand.key, 701 if name == "a" else peak, cand.extra_flops, "")
+
+    columns = [_column("a", 0, step=1), _column("b", 0, step=1, per_xla=0.5)]
+    f = Frontier(columns, measure)
+    got = f.answer(700)
+    assert got is not None and got.key[0] == "b"
+    assert f.compiles == MAX_COMPILES // 2 + 1
+
+
 def _two_zone_walk(limit):
     """The compiler reads every plan 100 over its model peak above 700, and 100
     under at or below it; the model targets the walk compiled, and its answer."""
