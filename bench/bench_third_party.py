@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import optax
 
 import remat
+from bench.bench_generalization import footprint
 from bench.output import result_file
 from remat._jax.planner import forget_planners
 
@@ -87,12 +88,6 @@ def resnet18_step():
 PROGRAMS = {"mlp8": mlp8, "eqx_conv": eqx_conv, "resnet18_step": resnet18_step}
 
 
-def footprint(compiled) -> int:
-    m = compiled.memory_analysis()
-    return (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-            - m.alias_size_in_bytes)
-
-
 def _limit(limit) -> str:
     return f"{limit:.2f}" if isinstance(limit, float) else f"{limit / MiB:.1f} MiB"
 
@@ -102,7 +97,7 @@ def rows(name: str) -> list[str]:
     fun, args, limits = PROGRAMS[name]()
     lowered = jax.jit(fun).lower(*args)
     start = time.perf_counter()
-    plain = footprint(lowered.compile())
+    plain, _ = footprint(lowered.compile())
     compile_seconds = time.perf_counter() - start
     out = []
     for limit in limits:

@@ -218,7 +218,7 @@ class Frontier:
         self._measured: set[tuple[int, int]] = set()           # (column, rung)
         self.compiles = 0
         self.max_compiles = MAX_COMPILES if max_compiles is None else max_compiles
-        self._compiles_left: int | None = None      # while answering a limit
+        self._stop_at: int | None = None    # while answering: compiles to stop at
         self.out_of_compiles = False    # whether the last answer's search hit the bound
 
     def candidate(self, column: int, rung: int) -> Candidate:
@@ -233,11 +233,9 @@ class Frontier:
         """The plan of ``column`` at ``rung``, compiled (each plan once)."""
         cand = self.candidate(column, rung)
         known = self.points.get(cand.key)
-        if known is None and self._compiles_left is not None:
-            if self._compiles_left <= 0:
-                self.out_of_compiles = True
-                raise _OutOfCompiles        # (the rung stays to compile)
-            self._compiles_left -= 1
+        if known is None and self._stop_at is not None and self.compiles >= self._stop_at:
+            self.out_of_compiles = True
+            raise _OutOfCompiles        # (the rung stays to compile)
         self._measured.add((column, rung))
         if known is None:
             self.compiles += 1
@@ -344,13 +342,13 @@ class Frontier:
         self.out_of_compiles = False
         if self.plain is not None and self.plain.footprint <= limit:
             return self.plain
-        self._compiles_left = self.max_compiles
+        self._stop_at = self.compiles + self.max_compiles
         try:
             self._search(limit)
         except _OutOfCompiles:
             pass
         finally:
-            self._compiles_left = None
+            self._stop_at = None
         return self.best_under(limit)
 
     def _search(self, limit: int) -> None:
