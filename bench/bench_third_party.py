@@ -10,6 +10,12 @@ limit (``remat.plan``, default settings, nothing cached from an earlier limit):
 - ``resnet18_step``: a Haiku ResNet-18 train step (batch-norm state, optax SGD
   with momentum, 16 images of 64x64) at 0.75, 0.5 and 0.3.
 
+Each program also comes checkpointed by hand, as a user would write it: every
+layer under ``jax.checkpoint`` and under ``remat.checkpoint``; every residual block
+of the ResNet under ``hk.remat``. XLA's footprint of each is asked as one more
+limit, where it is below the plain one: the pass should reach what a user reaches
+by hand.
+
 For each limit: XLA's footprint of the answer (or the least reached, when
 refused), its extra FLOPs over the plain program's, and the whole ``remat.plan``
 call (tracing, planning, every compile) over one compile of the plain program.
@@ -20,11 +26,13 @@ Writes ``bench/results/third_party.md`` (every program) and prints the table.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
 import equinox as eqx
 import haiku as hk
+import haiku._src.nets.resnet as hk_resnet
 import jax
 import jax.numpy as jnp
 import optax
@@ -43,12 +51,18 @@ def mlp8():
            jnp.zeros(512)) for i in range(8)]
     x = jax.random.normal(key, (1024, 512))
 
-    def loss(ws, x):
+    def layer(w, b, x):
+        return jnp.tanh(x @ w + b)
+
+    def loss(ws, x, wrap=lambda f: f):
         for w, b in ws:
-            x = jnp.tanh(x @ w + b)
+            x = wrap(layer)(w, b, x)
         return jnp.sum(x ** 2)
     limits = [0.5, *(int(m * MiB) for m in (30, 30.5, 31, 31.5, 32, 33, 34, 35, 36, 37))]
-    return jax.value_and_grad(loss), (ws, x), limits
+    hand = {f"{c.__module__.split('.')[0]}.checkpoint per layer":
+            jax.value_and_grad(lambda ws, x, c=c: loss(ws, x, c))
+            for c in (jax.checkpoint, remat.checkpoint)}
+    return jax.value_and_grad(loss), (ws, x), limits, hand
 
 
 def eqx_conv():
@@ -62,7 +76,16 @@ def eqx_conv():
 
     def loss(params, x):
         return jnp.mean(jax.vmap(eqx.combine(params, static))(x) ** 2)
-    return jax.value_and_grad(loss), (params, x), [0.75, 0.6, 0.5, 0.3]
+
+    def loss_by_hand(params, x, checkpoint):
+        net = eqx.combine(params, static)
+        for conv, act in zip(net.layers[::2], net.layers[1::2]):
+            x = checkpoint(lambda c, x, act=act: jax.vmap(lambda y: act(c(y)))(x))(conv, x)
+        return jnp.mean(x ** 2)
+    hand = {f"{c.__module__.split('.')[0]}.checkpoint per layer":
+            jax.value_and_grad(lambda p, x, c=c: loss_by_hand(p, x, c))
+            for c in (jax.checkpoint, remat.checkpoint)}
+    return jax.value_and_grad(loss), (params, x), [0.75, 0.6, 0.5, 0.3], hand
 
 
 def resnet18_step():
@@ -82,7 +105,27 @@ def resnet18_step():
         (value, new_state), grads = jax.value_and_grad(loss, has_aux=True)(params)
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), new_state, opt_state, value
-    return step, (params, state, opt.init(params), x, y), [0.75, 0.5, 0.3]
+
+    def step_by_hand(*args):
+        with _haiku_blocks_checkpointed():
+            return step(*args)
+    return (step, (params, state, opt.init(params), x, y), [0.75, 0.5, 0.3],
+            {"hk.remat per block": step_by_hand})
+
+
+@contextlib.contextmanager
+def _haiku_blocks_checkpointed():
+    """Every residual block of Haiku's ResNet under ``hk.remat`` while tracing
+    (its ResNet takes no checkpointing option)."""
+    call = hk_resnet.BlockV1.__call__
+
+    def checkpointed(self, inputs, is_training, test_local_stats):
+        return hk.remat(lambda x: call(self, x, is_training, test_local_stats))(inputs)
+    hk_resnet.BlockV1.__call__ = checkpointed
+    try:
+        yield
+    finally:
+        hk_resnet.BlockV1.__call__ = call
 
 
 PROGRAMS = {"mlp8": mlp8, "eqx_conv": eqx_conv, "resnet18_step": resnet18_step}
@@ -94,13 +137,21 @@ def _limit(limit) -> str:
 
 def rows(name: str) -> list[str]:
     """One table row per limit of program ``name``."""
-    fun, args, limits = PROGRAMS[name]()
+    fun, args, limits, by_hand = PROGRAMS[name]()
     lowered = jax.jit(fun).lower(*args)
     start = time.perf_counter()
     plain, _ = footprint(lowered.compile())
     compile_seconds = time.perf_counter() - start
-    out = []
-    for limit in limits:
+    out, hand_limits = [], []
+    for how, hand_fun in by_hand.items():
+        hand, _ = footprint(jax.jit(hand_fun).lower(*args).compile())
+        out.append(f"| {name} | by hand | {plain / MiB:.1f} -> {hand / MiB:.1f} | "
+                   f"{'below plain' if hand < plain else 'not below plain'} | | | "
+                   f"{compile_seconds:.2f} | {how} |")
+        print(out[-1], flush=True)
+        if hand < plain:
+            hand_limits.append(hand)
+    for limit in [*limits, *hand_limits]:
         forget_planners()
         jax.clear_caches()
         start = time.perf_counter()
@@ -113,7 +164,8 @@ def rows(name: str) -> list[str]:
             got = (f"{plain / MiB:.1f} -> {e.least_bytes / MiB:.1f} (least)",
                    "refused", "-", stopped)
         call = (time.perf_counter() - start) / compile_seconds
-        out.append(f"| {name} | {_limit(limit)} | {got[0]} | {got[1]} | {got[2]} | "
+        label = _limit(limit) + (" (by hand's)" if limit in hand_limits else "")
+        out.append(f"| {name} | {label} | {got[0]} | {got[1]} | {got[2]} | "
                    f"{call:.1f} | {compile_seconds:.2f} | {got[3]} |")
         print(out[-1], flush=True)
     return out
