@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from remat._jax import compat
@@ -237,7 +238,7 @@ def _readable(aval, arg) -> bool:
     """Whether one element of this input can be read as a number."""
     return (isinstance(aval, core.ShapedArray) and aval.size > 0 and
             not isinstance(arg, (list, tuple)) and
-            (np.issubdtype(aval.dtype, np.number) or aval.dtype == np.bool_))
+            (jnp.issubdtype(aval.dtype, jnp.number) or aval.dtype == np.bool_))
 
 
 def _first_element_f32(aval, arg) -> ir.Value:

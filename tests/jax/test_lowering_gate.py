@@ -170,6 +170,18 @@ def test_only_an_empty_cotangent_falls_back_to_the_conditional():
            jax.grad(lambda w, x: jnp.sum(f(w, x)) + jnp.sum(x @ w))(ws[0], x))
 
 
+def test_a_bfloat16_cotangent_gates_without_a_conditional():
+    # bfloat16 is not a numpy number type; its cotangents gate all the same
+    ws, x = _chain_args()
+    ws = [w.astype(jnp.bfloat16) for w in ws]
+    x = x.astype(jnp.bfloat16)
+    loss = lambda w, x: jnp.sum(gate(lambda w, x: jnp.tanh(x @ w))(w, x).astype(jnp.float32))
+    assert "stablehlo.if" not in _lowered(loss, ws[0], x)
+    want = jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w).astype(jnp.float32)))(ws[0], x)
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.grad(loss))(ws[0], x), np.float32),
+                                  np.asarray(want, np.float32))
+
+
 def test_a_region_without_cotangents_falls_back_to_the_conditional():
     # jax.linearize's tangent program runs the recomputing region forward: it
     # has no cotangent to wait for, so the conditional protects it.
