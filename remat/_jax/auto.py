@@ -42,7 +42,7 @@ def _plan_traced(program: Program, options: RematOptions, spec: CallSpec) -> Pla
     """The flat search's plan of a traced program for ``options.memory_limit``."""
     planner = planner_for(program, options)
     seconds, compiling = planner.plan_seconds, planner.compile_seconds
-    compiles = planner.frontier.compiles
+    compiles = planner.compiles
     if planner.answers == 0:
         seconds = compiling = 0.0       # a new planner: its setup is this call's
     limit = planner.baseline.limit_bytes(options.memory_limit)
@@ -55,7 +55,7 @@ def _plan_traced(program: Program, options: RematOptions, spec: CallSpec) -> Pla
     plan = Plan(limit, planner.baseline, m.footprint, m.result, program.graph, m.jaxpr,
                 planner.plan_seconds - seconds, program.out_tree,
                 _CompiledCall(m.compiled, spec), m.small_node_bytes, point.column,
-                planner.compile_seconds - compiling, planner.frontier.compiles - compiles)
+                planner.compile_seconds - compiling, planner.compiles - compiles)
     dump_plan(plan, options)
     return plan
 

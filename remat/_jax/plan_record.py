@@ -71,7 +71,8 @@ class Plan:
         needed recomputing.
       compile_seconds: time spent in XLA's compiles for this call (the plain
         program's included on a program's first call).
-      compiles: plans compiled for this call (cached ones not counted).
+      compiles: programs compiled to measure for this call (plans, and the plain
+        program reading late; cached ones not counted).
     """
     limit_bytes: int
     baseline: XlaFootprint

@@ -3,7 +3,9 @@
 This module gives :mod:`remat.core.search` its two callables for one traced
 :class:`~remat._jax.program.Program`: each column plans with one algorithm on one
 order of the ops (``remat.core.algorithms``), and ``measure`` rewrites the plan
-(``rewrite.py``) and compiles it, reading XLA's footprint. The frontier of each
+(``rewrite.py``) and compiles it, reading XLA's footprint. Where XLA reads the
+plain program lower with its backward contractions reading their saved operands
+late (``pins.py``), every plan reads late too. The frontier of each
 program and setting lives for the process (:func:`planner_for`), so asking
 ``remat.plan`` for 0.5 and then 0.6 of the same program reuses every compile.
 """
@@ -18,7 +20,8 @@ from typing import Any
 import jax
 
 from remat._jax.compat import core
-from remat._jax.lowering import fallback_strategy
+from remat._jax.lowering import default_strategy, fallback_strategy
+from remat._jax.pins import pin_late_reads
 from remat._jax.program import Program
 from remat._jax.rewrite import rewrite_jaxpr
 from remat._jax.sharding import keep_output_shardings
@@ -89,6 +92,10 @@ class Planner:
       program: the traced program.
       options: the settings (``algorithm``, ``scheduler``, small-node limit, ...).
       baseline: XLA's footprint of the program as written.
+      reads_late: whether every plan's contractions read late
+        (:mod:`remat._jax.pins`; decided at the first limit below the baseline).
+      reference: XLA's footprint of the program plans start from (the
+        baseline, or the plain program reading late).
       frontier: the search's points (:class:`remat.core.search.Frontier`).
       orders: the orders planned on, each with its simulation and what the
         plans on it share (a :class:`~remat.core.scheduled.Scheduled`).
@@ -120,6 +127,17 @@ class Planner:
         program.jit_kwargs = keep_output_shardings(compiled, program.jit_kwargs)
         self.compile_seconds += time.perf_counter() - t
         self._floors: dict[tuple[int, int, str], int] = {}
+        # Where the platform's default lowering gates regions (its convolutions
+        # then read late), the plans' other contractions may read late too: decided
+        # by XLA's figure of the plain program so rewritten, at the first limit
+        # below the plain program's (see _decide_reading_late).
+        platform = single_platform(compiled)
+        self.reads_late = False
+        self._reading_late_decided = not (
+            platform and default_strategy(platform) == "gate" and
+            pin_late_reads(program.flat.jaxpr) is not program.flat.jaxpr)
+        self.reference = self.baseline     # what the columns' estimates convert by
+        self._other_compiles = 0           # besides the plans' (the reading-late one)
         # The first order with each algorithm first (the strongest planner last
         # among them), then the other orders: a new order costs compiles of its
         # own plans, which on the first order are often those of another algorithm.
@@ -136,7 +154,7 @@ class Planner:
         # is followed by its plans under the lowering that keeps fewer bytes (and
         # may run slower): tried before the next algorithm, as the gate's extra
         # bytes, not the plan, are what usually misses a tight limit.
-        fallback = fallback_lowering(compiled, program.flat.jaxpr)
+        fallback = platform and fallback_strategy(platform, program.flat.jaxpr)
         if fallback is not None:
             first = len(self.algorithms())
             columns = [*(c for col in columns[:first]
@@ -147,6 +165,31 @@ class Planner:
                                compiled if final else None, self.baseline, 0, final,
                                None if final else lowered))
         self.frontier = Frontier(columns, self._measure, plain)
+
+    def _decide_reading_late(self) -> None:
+        """Compiles the plain program with its contractions reading late
+        (:mod:`remat._jax.pins`); if XLA reads it below the program as written,
+        every plan reads late too, the columns convert limits by its figure, and
+        it is a point of the frontier (no recompute)."""
+        if self._reading_late_decided:
+            return
+        self._reading_late_decided = True
+        start = time.perf_counter()
+        flat = self.program.flat
+        jaxpr = core.ClosedJaxpr(pin_late_reads(flat.jaxpr), flat.consts)
+        measured = Measured.of(self.program, self._plain_result(), jaxpr, 0)
+        self.compile_seconds += time.perf_counter() - start
+        self._other_compiles += 1
+        if measured.footprint.total < self.baseline.total:
+            self.reads_late, self.reference = True, measured.footprint
+            self.frontier.update(Point(("reading late",), measured.footprint.total, 0.0,
+                                       "plain, reading late", measured))
+
+    @property
+    def compiles(self) -> int:
+        """Programs compiled to measure, the plain one aside (the plans', and the
+        plain program reading late)."""
+        return self.frontier.compiles + self._other_compiles
 
     def algorithms(self) -> tuple[str, ...]:
         """The algorithms planned with: the one chosen, or the default's."""
@@ -162,6 +205,8 @@ class Planner:
         self.answers += 1
         if limit < self.baseline.held_whatever:
             return None
+        if limit < self.baseline.total:
+            self._decide_reading_late()
         while True:
             point = self.frontier.answer(limit)
             if point is None or point.payload.final:
@@ -212,8 +257,7 @@ class Planner:
         timeline = scheduled.timeline
         least = 0 if not self.options.small_node_given else self.options.small_node_bytes
         peak = timeline.peak_bytes
-        scratch = self.baseline.scratch
-        per_xla = peak / max(self.baseline.total - scratch, 1)
+        per_xla = peak / max(self.baseline.total - self.baseline.scratch, 1)
         name = algorithm if len(self.orders) == 1 else f"{algorithm}/order {order}"
 
         # optimal, by small-node limit: the highest target no selection meets,
@@ -258,8 +302,12 @@ class Planner:
             planned[target] = cand
             return cand
 
+        def estimate(limit: int) -> int:     # the reference's model bytes per XLA byte
+            ref = self.reference
+            return int(max(limit - ref.scratch, 0) * peak / max(ref.total - ref.scratch, 1))
+
         return Column(name, rungs(self.floor(order, least, algorithm), peak), per_xla,
-                      lambda limit: int(max(limit - scratch, 0) * per_xla), plan,
+                      estimate, plan,
                       rank=2 * order, plans_quickly=algorithm not in LAST_RESORT)
 
     def _measure(self, cand: Candidate) -> Point:
@@ -267,8 +315,10 @@ class Planner:
         start = time.perf_counter()
         with gc_paused():
             flat = self.program.flat
-            jaxpr = core.ClosedJaxpr(
-                rewrite_jaxpr(flat.jaxpr, result.rewritten, lowering), flat.consts)
+            jaxpr = rewrite_jaxpr(flat.jaxpr, result.rewritten, lowering)
+            if self.reads_late:
+                jaxpr = pin_late_reads(jaxpr)
+            jaxpr = core.ClosedJaxpr(jaxpr, flat.consts)
         t = time.perf_counter()
         measured = Measured.of(self.program, result, jaxpr, small)
         self.plan_seconds += t - start
@@ -288,17 +338,14 @@ class Planner:
         return self.orders[0].timeline
 
 
-def fallback_lowering(compiled: Any, jaxpr: core.Jaxpr) -> str | None:
-    """The lowering plans of ``jaxpr`` may fall back on (see
-    :func:`remat._jax.lowering.fallback_strategy`), given the plain program
-    compiled; None on a program partitioned over several devices (whose default
-    lowering is already that one)."""
+def single_platform(compiled: Any) -> str | None:
+    """The platform of a compiled program that runs on one device; None for one
+    partitioned over several (whose regions the default lowering does not gate:
+    see ``lowering._default_on``)."""
     shardings = [*jax.tree.leaves(compiled.input_shardings),
                  *jax.tree.leaves(compiled.output_shardings)]
     devices = set().union(*(s.device_set for s in shardings)) or {jax.devices()[0]}
-    if len(devices) > 1:
-        return None
-    return fallback_strategy(next(iter(devices)).platform, jaxpr)
+    return next(iter(devices)).platform if len(devices) == 1 else None
 
 
 def _relowered(column: Column, lowering: str) -> Column:

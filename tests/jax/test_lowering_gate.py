@@ -209,12 +209,13 @@ def _conv_args(seed=0, layers=6):
 @pytest.mark.skipif(not ON_CPU, reason="XLA:CPU's default lowering picks per region")
 def test_automatic_pass_regions_gated_where_they_read_convolutions():
     # By default a region is gated where it reads convolutions (a conditional would
-    # run them on XLA:CPU's slow generic kernel) and a conditional elsewhere.
-    cases = [(_conv_chain, _conv_args, False),
-             (_chain(lambda f, **_: f), _chain_args, True)]
-    for loss, make, conditional in cases:
+    # run them on XLA:CPU's slow generic kernel) and a conditional elsewhere. (The
+    # conv chain's backward convolutions reading late already meet 0.7.)
+    cases = [(_conv_chain, _conv_args, False, 0.4),
+             (_chain(lambda f, **_: f), _chain_args, True, 0.7)]
+    for loss, make, conditional, limit in cases:
         plain = _compile(loss, *make())
-        plan = remat.plan(jax.grad(loss), *make(), memory_limit=0.7, small_node_limit=0)
+        plan = remat.plan(jax.grad(loss), *make(), memory_limit=limit, small_node_limit=0)
         assert plan.met and plan.result.regions
         text = plan.compiled.as_text()
         assert ("conditional(" in text) == conditional and "rng" in text
