@@ -1,21 +1,20 @@
-"""Late reads: a backward contraction reads its saved operand where it runs.
+"""Late reads: a backward convolution reads its saved operand where it runs.
 
-A convolution or matrix product of the backward pass reads a value the forward
-pass made (the weight gradient's activation, the input gradient's weights)
-together with one the backward pass made (a cotangent). XLA:CPU lays such an
-operand out anew for the contraction (a transposed or converted copy) and, as
-the copy depends on the saved value alone, may compute it as soon as the value
-exists, in the forward pass, and hold it until the backward contraction runs:
+A convolution of the backward pass reads a value the forward pass made (the
+weight gradient's activation, the input gradient's weights) together with one the backward pass made (a cotangent). XLA:CPU lays such an
+operand out anew for the convolution (a transposed copy) and, as the copy
+depends on the saved value alone, may compute it as soon as the value exists, in
+the forward pass, and hold it until the backward convolution runs:
 saved activations are then held twice across the forward pass's peak, in bytes
 no model of the program sees.
 
-:func:`pin_late_reads` makes each such read late. A contraction whose one
+:func:`pin_late_reads` makes each such read late. A convolution whose one
 operand depends on the other (``conv(x, g)`` where ``g`` is computed from ``x``)
 becomes a ``remat_p`` region with nothing to recompute, its early operand
 protected and the other one late, lowered as ``"gate"`` (``lowering.py``): the
 early operand enters as ``select(gate == 0, x, 0)`` with ``gate`` read from the
 late one, the same bits, that exist only once the late operand does. The layout
-copy then runs next to the contraction that reads it. Nothing is recomputed; the
+copy then runs next to the convolution that reads it. Nothing is recomputed; the
 select is fused into the copy. The planner applies it where the platform's
 default lowering gates regions (XLA:CPU), to the plain program and every plan.
 
@@ -43,13 +42,16 @@ import numpy as np
 from remat._jax.compat import core, region_debug_info
 from remat._jax.primitive import remat_p
 
-#: Primitives whose late reads are pinned: the contractions, whose operands
-#: XLA:CPU copies into the layout its kernels take.
-PINNED_PRIMITIVES = frozenset({"conv_general_dilated", "dot_general"})
+#: Primitives whose late reads are pinned: convolutions, whose operands XLA:CPU
+#: copies into the layout its kernels take. Matrix products gain as much memory
+#: (a transformer's gradient: 642 -> 548 MiB, no recompute), but their gated
+#: operands become fusions of their own, and XLA's program doubles (its compile
+#: time too), so they are left as written.
+PINNED_PRIMITIVES = frozenset({"conv_general_dilated"})
 
 
 def pin_late_reads(jaxpr: core.Jaxpr) -> core.Jaxpr:
-    """``jaxpr`` with each top-level contraction that reads an operand the other
+    """``jaxpr`` with each top-level convolution that reads an operand the other
     depends on rewritten to read it late (see the module docstring); the same
     object where there is none."""
     operands = {v for e in jaxpr.eqns if e.primitive.name in PINNED_PRIMITIVES

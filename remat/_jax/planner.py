@@ -4,7 +4,7 @@ This module gives :mod:`remat.core.search` its two callables for one traced
 :class:`~remat._jax.program.Program`: each column plans with one algorithm on one
 order of the ops (``remat.core.algorithms``), and ``measure`` rewrites the plan
 (``rewrite.py``) and compiles it, reading XLA's footprint. Where XLA reads the
-plain program lower with its backward contractions reading their saved operands
+plain program lower with its backward convolutions reading their saved operands
 late (``pins.py``), every plan reads late too. The frontier of each
 program and setting lives for the process (:func:`planner_for`), so asking
 ``remat.plan`` for 0.5 and then 0.6 of the same program reuses every compile.
@@ -92,7 +92,7 @@ class Planner:
       program: the traced program.
       options: the settings (``algorithm``, ``scheduler``, small-node limit, ...).
       baseline: XLA's footprint of the program as written.
-      reads_late: whether every plan's contractions read late
+      reads_late: whether every plan's convolutions read late
         (:mod:`remat._jax.pins`; decided at the first limit below the baseline).
       reference: XLA's footprint of the program plans start from (the
         baseline, or the plain program reading late).
@@ -128,7 +128,7 @@ class Planner:
         self.compile_seconds += time.perf_counter() - t
         self._floors: dict[tuple[int, int, str], int] = {}
         # Where the platform's default lowering gates regions (its convolutions
-        # then read late), the plans' other contractions may read late too: decided
+        # then read late), the plans' other convolutions may read late too: decided
         # by XLA's figure of the plain program so rewritten, at the first limit
         # below the plain program's (see _decide_reading_late).
         platform = single_platform(compiled)
@@ -167,7 +167,7 @@ class Planner:
         self.frontier = Frontier(columns, self._measure, plain)
 
     def _decide_reading_late(self) -> None:
-        """Compiles the plain program with its contractions reading late
+        """Compiles the plain program with its convolutions reading late
         (:mod:`remat._jax.pins`); if XLA reads it below the program as written,
         every plan reads late too, the columns convert limits by its figure, and
         it is a point of the frontier (no recompute)."""

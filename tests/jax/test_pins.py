@@ -98,19 +98,10 @@ def _mlp_loss(ws, x):
     return jnp.sum(x ** 2)
 
 
-def test_matrix_products_of_the_backward_read_late_too():
-    keys = jax.random.split(jax.random.PRNGKey(4), 4)
-    ws = [jax.random.normal(k, (32, 32)) / 6 for k in keys[:3]]
-    x = jax.random.normal(keys[3], (8, 32))
-    program, flat, pinned = _programs(jax.value_and_grad(_mlp_loss), (ws, x))
-    regions = [e for e in pinned.jaxpr.eqns if e.primitive.name == "remat"]
-    # per layer a weight gradient x^T g (x early) and, but for the first, an
-    # input gradient g w^T (w early: g is computed from w)
-    assert len(regions) == 5
-    leaves = jax.tree.leaves((ws, x))
-    for a, b in zip(jax.tree.leaves(program.compile(flat)(*leaves)),
-                    jax.tree.leaves(program.compile(pinned)(*leaves))):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+def test_matrix_products_are_left_as_written():
+    ws = [jnp.eye(32) * 0.5] * 3
+    _, flat, pinned = _programs(jax.value_and_grad(_mlp_loss), (ws, jnp.ones((8, 32))))
+    assert pinned.jaxpr is flat.jaxpr
 
 
 @pytest.mark.skipif(not ON_CPU, reason="XLA:CPU's layout copies")
@@ -120,8 +111,8 @@ def test_plans_read_late_only_where_xla_reads_the_plain_program_lower():
     forget_planners()
     from remat._jax.planner import planner_for
     from remat.core.options import resolve_options
-    # XLA:CPU reads the conv net lower reading late, and this MLP higher (the
-    # gated copy of each matrix product's operand is a buffer of its own)
+    # XLA:CPU reads the conv net lower reading late; the MLP has nothing to read
+    # late (and no compile to decide it)
     for fun, args, lower in [(jax.value_and_grad(_loss), _args(5, layers=6), True),
                              (jax.value_and_grad(_mlp_loss),
                               ([jnp.eye(256) * 0.5] * 6, jnp.ones((512, 256))), False)]:
@@ -132,4 +123,5 @@ def test_plans_read_late_only_where_xla_reads_the_plain_program_lower():
         planner.answer(planner.baseline.total - 1)
         assert (late < planner.baseline.total) == lower
         assert planner.reads_late == lower
+        assert planner._other_compiles == (1 if lower else 0)
         assert planner.reference.total == min(late, planner.baseline.total)
