@@ -43,10 +43,9 @@ from remat._jax.compat import core, region_debug_info
 from remat._jax.primitive import remat_p
 
 #: Primitives whose late reads are pinned: convolutions, whose operands XLA:CPU
-#: copies into the layout its kernels take. Matrix products gain as much memory
-#: (a transformer's gradient: 642 -> 548 MiB, no recompute), but their gated
-#: operands become fusions of their own, and XLA's program doubles (its compile
-#: time too), so they are left as written.
+#: copies into the layout its kernels take, a copy the gate's select fuses into.
+#: Matrix products are left as written: XLA:CPU fuses no select into their
+#: operands, so each gated operand would be a copy and a kernel of its own.
 PINNED_PRIMITIVES = frozenset({"conv_general_dilated"})
 
 
