@@ -234,11 +234,16 @@ def _lower_gated(ctx, jaxpr, args, num_late: int):
     return [next(late_outs) if uk else next(early_outs) for uk in out_unknowns]
 
 
+def gate_can_read(aval) -> bool:
+    """Whether the gate can read one element of a value of ``aval`` as a number
+    (a non-empty array of a number type, bfloat16 too, or of booleans)."""
+    return (isinstance(aval, core.ShapedArray) and aval.size > 0 and
+            (jnp.issubdtype(aval.dtype, jnp.number) or aval.dtype == np.bool_))
+
+
 def _readable(aval, arg) -> bool:
     """Whether one element of this input can be read as a number."""
-    return (isinstance(aval, core.ShapedArray) and aval.size > 0 and
-            not isinstance(arg, (list, tuple)) and
-            (jnp.issubdtype(aval.dtype, jnp.number) or aval.dtype == np.bool_))
+    return not isinstance(arg, (list, tuple)) and gate_can_read(aval)
 
 
 def _first_element_f32(aval, arg) -> ir.Value:

@@ -1,12 +1,12 @@
 """Late reads: a backward convolution reads its saved operand where it runs.
 
 A convolution of the backward pass reads a value the forward pass made (the
-weight gradient's activation, the input gradient's weights) together with one the backward pass made (a cotangent). XLA:CPU lays such an
-operand out anew for the convolution (a transposed copy) and, as the copy
-depends on the saved value alone, may compute it as soon as the value exists, in
-the forward pass, and hold it until the backward convolution runs:
-saved activations are then held twice across the forward pass's peak, in bytes
-no model of the program sees.
+weight gradient's activation, the input gradient's weights) together with one
+the backward pass made (a cotangent). XLA:CPU lays such an operand out anew for
+the convolution (a transposed copy) and, as the copy depends on the saved value
+alone, may compute it as soon as the value exists, in the forward pass, and hold
+it until the backward convolution runs: saved activations are then held twice
+across the forward pass's peak, in bytes no model of the program sees.
 
 :func:`pin_late_reads` makes each such read late. A convolution whose one
 operand depends on the other (``conv(x, g)`` where ``g`` is computed from ``x``)
@@ -36,10 +36,8 @@ True
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-import numpy as np
-
 from remat._jax.compat import core, region_debug_info
+from remat._jax.lowering import gate_can_read
 from remat._jax.primitive import remat_p
 
 #: Primitives whose late reads are pinned: convolutions, whose operands XLA:CPU
@@ -80,7 +78,7 @@ def _pinned(eqn: core.JaxprEqn, depends: dict, bit: dict) -> core.JaxprEqn | Non
     early = [v for v in vars_
              if any(bit[v] & (depends.get(u, 0) | bit.get(u, 0)) for u in vars_ if u is not v)]
     late = [v for v in vars_ if v not in early]
-    if not early or not late or not all(_readable(v) for v in late):
+    if not early or not late or not all(gate_can_read(v.aval) for v in late):
         return None
     inputs = [*early, *late]
     inner = {v: core.Var(v.aval) for v in inputs}
@@ -95,9 +93,3 @@ def _pinned(eqn: core.JaxprEqn, depends: dict, bit: dict) -> core.JaxprEqn | Non
              differentiated=True, policy=None, lowering="gate", num_late=len(late)),
         eqn.effects, eqn.source_info)
 
-
-def _readable(v: core.Var) -> bool:
-    """Whether the gate can read one element of ``v`` (see ``lowering._readable``)."""
-    aval = v.aval
-    return (isinstance(aval, core.ShapedArray) and aval.size > 0 and
-            (jnp.issubdtype(aval.dtype, jnp.number) or aval.dtype == np.bool_))

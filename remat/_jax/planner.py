@@ -133,9 +133,10 @@ class Planner:
         # below the plain program's (see _decide_reading_late).
         platform = single_platform(compiled)
         self.reads_late = False
-        self._reading_late_decided = not (
-            platform and default_strategy(platform) == "gate" and
-            pin_late_reads(program.flat.jaxpr) is not program.flat.jaxpr)
+        late = pin_late_reads(program.flat.jaxpr)
+        # the plain program reading late, until compiled (None: nothing to decide)
+        self._undecided_late = (late if platform and default_strategy(platform) == "gate"
+                                and late is not program.flat.jaxpr else None)
         self.reference = self.baseline     # what the columns' estimates convert by
         self._other_compiles = 0           # besides the plans' (the reading-late one)
         # The first order with each algorithm first (the strongest planner last
@@ -171,12 +172,11 @@ class Planner:
         (:mod:`remat._jax.pins`); if XLA reads it below the program as written,
         every plan reads late too, the columns convert limits by its figure, and
         it is a point of the frontier (no recompute)."""
-        if self._reading_late_decided:
+        if self._undecided_late is None:
             return
-        self._reading_late_decided = True
         start = time.perf_counter()
-        flat = self.program.flat
-        jaxpr = core.ClosedJaxpr(pin_late_reads(flat.jaxpr), flat.consts)
+        jaxpr = core.ClosedJaxpr(self._undecided_late, self.program.flat.consts)
+        self._undecided_late = None
         measured = Measured.of(self.program, self._plain_result(), jaxpr, 0)
         self.compile_seconds += time.perf_counter() - start
         self._other_compiles += 1
@@ -257,6 +257,7 @@ class Planner:
         timeline = scheduled.timeline
         least = 0 if not self.options.small_node_given else self.options.small_node_bytes
         peak = timeline.peak_bytes
+        # converts misses; starts from the estimate below, which follows the reference
         per_xla = peak / max(self.baseline.total - self.baseline.scratch, 1)
         name = algorithm if len(self.orders) == 1 else f"{algorithm}/order {order}"
 
