@@ -33,12 +33,11 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    Columns are walked in their given order. Once a walk has met the limit, a
    column is walked only if it plans quickly, has the answer's rank (or names
    it in ``walked_after``), and its plan at its start (planned, not compiled)
-   recomputes less than the answer so far by :data:`MIN_GAIN` of it: its walk
-   plans nothing above its start, and lower rungs recompute more. A point
-   already known within the limit (compiled for a limit asked before) bounds
-   every walk in the same way, and a column that does not plan quickly is then
-   not walked (its plans may cost more than a compile). No plan is compiled
-   that would save less than :data:`MIN_GAIN` of a known answer's recompute.
+   recomputes less than the answer so far: its walk plans nothing above its
+   start, and lower rungs recompute more. A point already known within the
+   limit (compiled for a limit asked before) bounds every walk in the same way,
+   and a column that does not plan quickly is then not walked (its plans may
+   cost more than a compile).
 3. If no walk met it and no point was known within it, on each column every
    rung at or below its start not compiled yet, until a plan is within the limit.
 4. The answer: the cheapest point known (from any limit asked of this frontier
@@ -82,8 +81,8 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-__all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MAX_COMPILES", "MIN_GAIN", "Candidate",
-           "Point", "Column", "Frontier", "rungs"]
+__all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MAX_COMPILES", "Candidate", "Point",
+           "Column", "Frontier", "rungs"]
 
 log = logging.getLogger("remat")
 
@@ -103,10 +102,6 @@ REFINES = 2
 #: over (a program where recomputing makes the compiler hold more, not less)
 #: would compile every rung of every column before it is refused: hundreds.
 MAX_COMPILES = 40
-#: The least share of an answer's extra FLOPs another plan must save to be
-#: compiled once the answer is known: a compile costs about as much as the plain
-#: program's, and plans of nearly equal recompute run alike.
-MIN_GAIN = 0.02
 
 
 class _OutOfCompiles(Exception):
@@ -255,11 +250,10 @@ class Frontier:
     def walk(self, column: int, limit: int, bound: float = math.inf) -> bool:
         """Step 2 of the module's search on one column; True if a plan met it.
 
-        A plan that recomputes ``bound`` FLOPs or more (less than those of an
-        answer already known by :data:`MIN_GAIN`) is not compiled: the walk
-        ends at one, and a refine skips one; so does a refine whose plan saves
-        less than :data:`MIN_GAIN` of the recompute of the plan that met the
-        limit."""
+        A plan that recomputes ``bound`` FLOPs or more (those of an answer
+        already known) is not compiled: the walk ends at one, and a refine
+        skips one; so does a refine whose plan recomputes no less than the
+        plan that met the limit."""
         col = self.columns[column]
         k = self.start(column, limit)
         missed = None
@@ -284,7 +278,7 @@ class Frontier:
             if mid == met:
                 break               # no rung between is expected within the limit
             if self.candidate(column, mid).extra_flops >= min(
-                    bound, _worth_below(self.point(column, met).extra_flops)):
+                    bound, self.point(column, met).extra_flops):
                 missed = mid        # no less recompute: nothing to gain
                 continue
             refines += 1
@@ -364,13 +358,12 @@ class Frontier:
             if met is not None:
                 if not (col.plans_quickly
                         and (col.rank == met.rank or met.rank in col.walked_after)
-                        and self._start_flops(c, limit) < _worth_below(met.extra_flops)):
+                        and self._start_flops(c, limit) < met.extra_flops):
                     continue
             elif known is not None and not col.plans_quickly:
                 continue
             bound = met if met is not None else known
-            if self.walk(c, limit, math.inf if bound is None
-                         else _worth_below(bound.extra_flops)):
+            if self.walk(c, limit, math.inf if bound is None else bound.extra_flops):
                 met = self.best_under(limit)
         if met is None and known is None:
             self.fill(limit)
@@ -385,9 +378,3 @@ class Frontier:
 
     def _known(self) -> list[Point]:
         return list(self.points.values())
-
-
-def _worth_below(flops: float) -> float:
-    """The extra FLOPs a plan must recompute less than to be worth compiling
-    when a plan recomputing ``flops`` is known (:data:`MIN_GAIN`)."""
-    return flops * (1 - MIN_GAIN)

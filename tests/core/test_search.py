@@ -10,8 +10,8 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from remat.core.search import (FINE_RUNGS, MAX_COMPILES, MIN_GAIN, REFINES, RUNGS,
-                               Candidate, Column, Frontier, Point, rungs)
+from remat.core.search import (FINE_RUNGS, MAX_COMPILES, REFINES, RUNGS, Candidate,
+                               Column, Frontier, Point, rungs)
 
 PEAK, FLOOR = 1000, 300
 
@@ -302,23 +302,3 @@ def test_a_column_walked_after_another_rank_follows_its_answer():
         f = Frontier([column("fat", 0, 150), column("lean", 1, 50, after)], measure)
         got = f.answer(800)
         assert got.footprint <= 800 and got.column == column_answering
-
-
-def test_a_plan_saving_less_than_min_gain_of_the_answer_is_not_compiled():
-    # "near" plans what "first" plans, recomputing a little less: worth a
-    # compile only where it saves MIN_GAIN of the answer's extra FLOPs.
-    def column(name, share):
-        return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
-                      lambda t: Candidate((name, t), t, float(PEAK - t) * share))
-
-    for share, walked in ((1 - MIN_GAIN / 2, {"first"}), (1 - 2 * MIN_GAIN,
-                                                          {"first", "near"})):
-        compiled = []
-
-        def measure(cand):
-            compiled.append(cand.key)
-            return Point(cand.key, cand.model_peak, cand.extra_flops, "")
-
-        f = Frontier([column("first", 1.0), column("near", share)], measure)
-        got = f.answer(800)
-        assert {k[0] for k in compiled} == walked and got.footprint <= 800
