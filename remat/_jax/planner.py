@@ -266,13 +266,12 @@ class Planner:
         out_of_reach: dict[int, tuple[int, Candidate]] = {}
         planned: dict[int, Candidate] = {}     # by target (a relowered column asks too)
         seconds = self.options.solver_seconds
-        polishes = algorithm == "optimal" and self.options.algorithm == PORTFOLIO
-        if polishes:
+        if algorithm == "optimal" and self.options.algorithm == PORTFOLIO:
             seconds = min(seconds, OPTIMAL_DEFAULT_SECONDS)
-        # a polish solves for as long as half a measuring compile of the plain program
-        polish_seconds = min(seconds, self.compile_seconds / 2)
 
-        def solve(target: int, time_limit: float) -> Candidate:
+        def plan(target: int) -> Candidate:
+            if target in planned:
+                return planned[target]
             start = time.perf_counter()
             small = self.small_node_bytes(order, target, algorithm)
             highest, least_peak = out_of_reach.get(small, (-1, None))
@@ -283,7 +282,7 @@ class Planner:
                 return least_peak
             options = dataclasses.replace(self.options, model_target_bytes=target,
                                           algorithm=algorithm, small_node_bytes=small,
-                                          solver_seconds=time_limit)
+                                          solver_seconds=seconds)
             with gc_paused():
                 if algorithm == "optimal":
                     # Its plan of least peak, searched once (to the time limit),
@@ -301,15 +300,8 @@ class Planner:
                              result.extra_flops, (result, small, None))
             if result.status == "infeasible":
                 out_of_reach[small] = (max(target, highest), least_peak or cand)
+            planned[target] = cand
             return cand
-
-        def plan(target: int) -> Candidate:
-            if target not in planned:
-                planned[target] = solve(target, seconds)
-            return planned[target]
-
-        def polish(target: int) -> Candidate:    # optimal's, on a short time limit
-            return planned.get(target) or solve(target, polish_seconds)
 
         def estimate(limit: int) -> int:     # the reference's model bytes per XLA byte
             ref = self.reference
@@ -317,8 +309,7 @@ class Planner:
 
         return Column(name, rungs(self.floor(order, least, algorithm), peak), per_xla,
                       estimate, plan,
-                      rank=2 * order, plans_quickly=algorithm not in LAST_RESORT,
-                      polish=polish if polishes else None)
+                      rank=2 * order, plans_quickly=algorithm not in LAST_RESORT)
 
     def _measure(self, cand: Candidate) -> Point:
         result, small, lowering = cand.payload
@@ -368,7 +359,7 @@ def _relowered(column: Column, lowering: str) -> Column:
                                    payload=(result, small, lowering))
 
     return dataclasses.replace(column, name=f"{column.name} ({lowering})", plan=plan,
-                               rank=column.rank + 1, polish=None,
+                               rank=column.rank + 1,
                                walked_after=frozenset({column.rank}))
 
 

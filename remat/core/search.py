@@ -40,15 +40,11 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    cost more than a compile).
 3. If no walk met it and no point was known within it, on each column every
    rung at or below its start not compiled yet, until a plan is within the limit.
-4. Polish: once a point is known within the limit, each column with a
-   ``polish`` (``"optimal"``'s, on a short time limit: walked above only as a
-   last resort) plans at the model target the cheapest such point was planned
-   for; that plan is compiled if it recomputes at most :data:`POLISH_SHARE` of it.
-5. The answer: the cheapest point known (from any limit asked of this frontier
+4. The answer: the cheapest point known (from any limit asked of this frontier
    before, too) within the limit; None if no plan compiled is within it.
 
-Steps 2 to 4 compile at most :data:`MAX_COMPILES` plans for one limit; then the
-search stops and step 5 answers (``Frontier.out_of_compiles`` is set).
+Steps 2 and 3 compile at most :data:`MAX_COMPILES` plans for one limit; then the
+search stops and step 4 answers (``Frontier.out_of_compiles`` is set).
 
 Guarantees, by construction:
 
@@ -85,8 +81,8 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-__all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MAX_COMPILES", "POLISH_SHARE",
-           "Candidate", "Point", "Column", "Frontier", "rungs"]
+__all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MAX_COMPILES", "Candidate", "Point",
+           "Column", "Frontier", "rungs"]
 
 log = logging.getLogger("remat")
 
@@ -106,11 +102,6 @@ REFINES = 2
 #: over (a program where recomputing makes the compiler hold more, not less)
 #: would compile every rung of every column before it is refused: hundreds.
 MAX_COMPILES = 40
-#: Once a limit is answered, a column with a ``polish`` plans at the model target
-#: the answer was planned for, and that one plan is compiled if it recomputes at
-#: most this share of the answer's FLOPs (heuristics are held to within 1.25x of
-#: the optimum).
-POLISH_SHARE = 0.8
 
 
 class _OutOfCompiles(Exception):
@@ -175,10 +166,6 @@ class Column:
       walked_after: ranks besides its own after whose answer a walk of this
         column may follow (e.g. the same plans lowered to keep fewer bytes,
         after the default lowering met the limit further down).
-      polish: None, or a model target -> a :class:`Candidate` planned within a
-        short time (an exact column's, on a time limit): once a limit is
-        answered, its plan at the answer's model target is compiled if it
-        recomputes at most :data:`POLISH_SHARE` of the answer.
     """
     name: str
     rungs: tuple[int, ...]
@@ -188,7 +175,6 @@ class Column:
     rank: int = 0
     plans_quickly: bool = True
     walked_after: frozenset[int] = frozenset()
-    polish: Callable[[int], Candidate] | None = None
 
 
 def rungs(floor: int, peak: int, count: int = RUNGS, fine: int = FINE_RUNGS
@@ -230,8 +216,6 @@ class Frontier:
             self.points[plain.key] = plain
         self._planned: dict[tuple[int, int], Candidate] = {}   # (column, rung)
         self._measured: set[tuple[int, int]] = set()           # (column, rung)
-        self._targets: dict[Hashable, int] = {}    # by plan key: the model target
-        self._polished: dict[tuple[int, int], Candidate] = {}  # (column, target)
         self.compiles = 0
         self.max_compiles = MAX_COMPILES if max_compiles is None else max_compiles
         self._stop_at: int | None = None    # while answering: compiles to stop at
@@ -248,25 +232,19 @@ class Frontier:
     def point(self, column: int, rung: int) -> Point:
         """The plan of ``column`` at ``rung``, compiled (each plan once)."""
         cand = self.candidate(column, rung)
-        known = self._compile(column, self.columns[column].rungs[rung], cand)
-        self._measured.add((column, rung))
-        return known
-
-    def _compile(self, column: int, target: int, cand: Candidate) -> Point:
-        """``cand`` (planned by ``column`` for ``target``), compiled once."""
         known = self.points.get(cand.key)
         if known is None and self._stop_at is not None and self.compiles >= self._stop_at:
             self.out_of_compiles = True
             raise _OutOfCompiles        # (the rung stays to compile)
-        self._targets.setdefault(cand.key, target)
+        self._measured.add((column, rung))
         if known is None:
             self.compiles += 1
             known = self.points[cand.key] = dataclasses.replace(
                 self._measure(cand), column=self.columns[column].name,
                 rank=self.columns[column].rank)
             log.info("remat: %s at model target %d (planned peak %d): footprint %d, "
-                     "+%.3g FLOPs", known.column, target, cand.model_peak,
-                     known.footprint, known.extra_flops)
+                     "+%.3g FLOPs", known.column, self.columns[column].rungs[rung],
+                     cand.model_peak, known.footprint, known.extra_flops)
         return known
 
     def walk(self, column: int, limit: int, bound: float = math.inf) -> bool:
@@ -359,7 +337,7 @@ class Frontier:
 
     def answer(self, limit: int) -> Point | None:
         """The cheapest point within ``limit`` after searching for it (the module's
-        steps 1-5, compiling at most ``max_compiles`` plans); None if no plan
+        steps 1-4, compiling at most ``max_compiles`` plans); None if no plan
         compiled is within it."""
         self.out_of_compiles = False
         if self.plain is not None and self.plain.footprint <= limit:
@@ -389,21 +367,6 @@ class Frontier:
                 met = self.best_under(limit)
         if met is None and known is None:
             self.fill(limit)
-        self._polish(limit)
-
-    def _polish(self, limit: int) -> None:
-        """Step 4: each column's ``polish`` plan at the model target the answer
-        was planned for, compiled if it recomputes at most POLISH_SHARE of it."""
-        for c, col in enumerate(self.columns):
-            answer = self.best_under(limit)
-            target = None if answer is None else self._targets.get(answer.key)
-            if col.polish is None or target is None or answer.extra_flops <= 0:
-                continue
-            cand = self._polished.get((c, target))
-            if cand is None:
-                cand = self._polished[c, target] = col.polish(target)
-            if cand.extra_flops <= POLISH_SHARE * answer.extra_flops:
-                self._compile(c, target, cand)
 
     def _start_flops(self, column: int, limit: int) -> float:
         return self.candidate(column, self.start(column, limit)).extra_flops

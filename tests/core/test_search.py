@@ -10,8 +10,8 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from remat.core.search import (FINE_RUNGS, MAX_COMPILES, POLISH_SHARE, REFINES, RUNGS,
-                               Candidate, Column, Frontier, Point, rungs)
+from remat.core.search import (FINE_RUNGS, MAX_COMPILES, REFINES, RUNGS, Candidate,
+                               Column, Frontier, Point, rungs)
 
 PEAK, FLOOR = 1000, 300
 
@@ -302,30 +302,3 @@ def test_a_column_walked_after_another_rank_follows_its_answer():
         f = Frontier([column("fat", 0, 150), column("lean", 1, 50, after)], measure)
         got = f.answer(800)
         assert got.footprint <= 800 and got.column == column_answering
-
-
-def test_an_exact_column_polishes_a_heuristic_answer_only_where_it_saves_enough():
-    # "exact" plans every target at `share` of "greedy"'s FLOPs; it is a last
-    # resort (walked only while nothing meets a limit), but once greedy answers,
-    # its polish plan at greedy's target is compiled if it saves enough.
-    def column(name, share, **kw):
-        return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
-                      lambda t: Candidate((name, t), t, float(PEAK - t) * share), **kw)
-
-    for share, answering in ((POLISH_SHARE / 2, "exact"), ((1 + POLISH_SHARE) / 2,
-                                                             "greedy")):
-        compiled = []
-
-        def measure(cand):
-            compiled.append(cand.key)
-            return Point(cand.key, cand.model_peak, cand.extra_flops, "")
-
-        exact = column("exact", share, plans_quickly=False)
-        f = Frontier([column("greedy", 1.0), dataclasses.replace(exact, polish=exact.plan)],
-                     measure)
-        got = f.answer(800)
-        assert got.footprint <= 800 and got.column == answering
-        assert any(k[0] == "exact" for k in compiled) == (answering == "exact")
-        # asked again, nothing more is compiled
-        before = len(compiled)
-        assert f.answer(800) == got and len(compiled) == before

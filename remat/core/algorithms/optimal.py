@@ -174,8 +174,7 @@ def plan_optimal(scheduled: Scheduled, options: RematOptions,
             limit, best.status, best.timeline.peak_bytes)
     elif best is None:
         # nothing meets the limit: the least estimated peak instead
-        res, _ = program.least_peak(max(deadline - time.perf_counter(),
-                                        min(1.0, options.solver_seconds)),
+        res, _ = program.least_peak(max(deadline - time.perf_counter(), 1.0),
                                     options.verbose)
         chosen = ([i for i in range(len(cands)) if res.x[i] > 0.5]
                   if res.x is not None else [])
