@@ -133,10 +133,11 @@ class Planner:
         # below the plain program's (see _decide_reading_late).
         platform = single_platform(compiled)
         self.reads_late = False
-        late = pin_late_reads(program.flat.jaxpr)
+        plain_jaxpr = program.flat.jaxpr
+        late = (pin_late_reads(plain_jaxpr)
+                if platform and default_strategy(platform) == "gate" else plain_jaxpr)
         # the plain program reading late, until compiled (None: nothing to decide)
-        self._undecided_late = (late if platform and default_strategy(platform) == "gate"
-                                and late is not program.flat.jaxpr else None)
+        self._undecided_late = late if late is not plain_jaxpr else None
         self.reference = self.baseline     # what the columns' estimates convert by
         self._other_compiles = 0           # besides the plans' (the reading-late one)
         # The first order with each algorithm first (the strongest planner last
@@ -177,7 +178,7 @@ class Planner:
         start = time.perf_counter()
         jaxpr = core.ClosedJaxpr(self._undecided_late, self.program.flat.consts)
         self._undecided_late = None
-        measured = Measured.of(self.program, self._plain_result(), jaxpr, 0)
+        measured = Measured.of(self.program, self.frontier.plain.payload.result, jaxpr, 0)
         self.compile_seconds += time.perf_counter() - start
         self._other_compiles += 1
         if measured.footprint.total < self.baseline.total:
