@@ -8,9 +8,10 @@ import pytest
 import remat
 from remat._jax.compat import core
 from remat._jax.pins import pin_late_reads
-from remat._jax.planner import forget_planners
+from remat._jax.planner import forget_planners, planner_for
 from remat._jax.program import CallSpec, trace_program
 from remat._jax.xla_figures import XlaFootprint
+from remat.core.options import resolve_options
 
 ON_CPU = jax.default_backend() == "cpu"
 
@@ -38,7 +39,7 @@ def _programs(fun, args):
     return program, flat, core.ClosedJaxpr(pin_late_reads(flat.jaxpr), flat.consts)
 
 
-def test_only_contractions_reading_an_earlier_operand_are_pinned():
+def test_only_convolutions_reading_an_earlier_operand_are_pinned():
     _, flat, pinned = _programs(jax.value_and_grad(_loss), _args(0))
     convs = [e for e in flat.jaxpr.eqns if e.primitive.name == "conv_general_dilated"]
     regions = [e for e in pinned.jaxpr.eqns if e.primitive.name == "remat"]
@@ -109,8 +110,6 @@ def test_plans_read_late_only_where_xla_reads_the_plain_program_lower():
     # the plain program reading late is compiled once, at the first limit below
     # the plain program; plans read late only if XLA reads it lower
     forget_planners()
-    from remat._jax.planner import planner_for
-    from remat.core.options import resolve_options
     # XLA:CPU reads the conv net lower reading late; the MLP has nothing to read
     # late (and no compile to decide it)
     for fun, args, lower in [(jax.value_and_grad(_loss), _args(5, layers=6), True),
