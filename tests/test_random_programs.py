@@ -108,6 +108,17 @@ def test_hand_pair_limit_met_by_default_dense_chain():
     assert a.met, a.error
 
 
+def test_default_recomputes_about_what_optimal_does_where_small_values_are_cheap():
+    # rp13's cheap drops are values under the default small-node limit (1 MiB); the
+    # default plans without it too, and keeps the cheaper plan
+    p = random_program(13)
+    limit = min(_hand(p, 1), _hand(p, 2))
+    default = plan_at(p, "default", limit)
+    optimal = plan_at(p, "optimal", limit, algorithm="optimal")
+    assert default.met and optimal.met, (default.error, optimal.error)
+    assert default.extra_flops <= 1.25 * optimal.extra_flops
+
+
 def test_monotone_sweep():
     p = random_program(IMAGE)
     plain, temp = _plain(p)

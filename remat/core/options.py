@@ -58,7 +58,8 @@ class RematOptions:
       memory_limit: the user's limit in XLA's terms: bytes (an int), or a
         fraction (a float in (0, 1]) of the plain program's temporaries.
       small_node_given: whether ``small_node_bytes`` was set by the user; if not,
-        the pass lowers it where the values it keeps block a target.
+        the pass lowers it where the values it keeps block a target, and the
+        heuristics also plan with none, the cheaper plan kept.
       dump_to, dump_dot, dump_memlog: where to write the plan, and what else.
     """
 
