@@ -26,7 +26,7 @@ from remat._jax.program import Program
 from remat._jax.rewrite import rewrite_jaxpr
 from remat._jax.sharding import keep_output_shardings
 from remat._jax.xla_figures import XlaFootprint
-from remat.core.algorithms import (PlanResult, best_of, consolidated, get_algorithm,
+from remat.core.algorithms import (PlanResult, consolidated, get_algorithm,
                                    may_recompute)
 from remat.core.algorithms.optimal import plan_optimal
 from remat.core.bounds import planner_floor
@@ -292,15 +292,8 @@ class Planner:
                                           least_peak.payload[0] if least_peak else None)
                 else:
                     result = get_algorithm(algorithm)(scheduled, options)
-                    if (small and not self.options.small_node_given
-                            and algorithm != "segments"):  # (which ignores it)
-                        # The default small-node limit keeps the greedy off small
-                        # values; where dropping them meets the target for fewer
-                        # FLOPs (or goes lower), that plan is asked instead.
-                        finer = get_algorithm(algorithm)(
-                            scheduled, dataclasses.replace(options, small_node_bytes=0))
-                        if best_of([result, finer]) is finer:
-                            result, small = finer, 0
+                    if result.small_node_bytes is not None:   # the variant kept
+                        small = result.small_node_bytes
                 if not result.met and algorithm != "optimal":
                     # Regions are merged only within the target; a plan that missed
                     # it is merged within its own peak: the same peak, less recompute.

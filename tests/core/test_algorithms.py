@@ -80,8 +80,21 @@ def test_small_nodes_are_never_recomputed():
     g = training_chain(8, act_bytes=1000)
     order = tuple(range(g.num_ops))
     result = get_algorithm("standard")(on_schedule(g, order), RematOptions(
-        _limit(g, 0.5), "standard", small_node_bytes=2000))
+        _limit(g, 0.5), "standard", small_node_bytes=2000, small_node_given=True))
     assert not result.regions
+
+
+@pytest.mark.parametrize("name", ["standard", "path"])
+def test_a_default_small_node_limit_is_planned_without_too(name):
+    # every activation is under the limit: only the plan under none goes lower
+    g = training_chain(8, act_bytes=1000)
+    scheduled = on_schedule(g, tuple(range(g.num_ops)))
+    result = get_algorithm(name)(scheduled, RematOptions(
+        _limit(g, 0.7), name, small_node_bytes=2000))
+    assert result.met and result.regions and result.small_node_bytes == 0
+    given = get_algorithm(name)(scheduled, RematOptions(
+        _limit(g, 0.7), name, small_node_bytes=2000, small_node_given=True))
+    assert not given.met and not given.regions and given.small_node_bytes == 2000
 
 
 def test_compress_only_rebuilds_expansions():

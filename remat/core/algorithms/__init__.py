@@ -34,12 +34,11 @@ from .optimal import plan_optimal
 from .path import plan_path
 from .recomputable import recomputable
 from .segments import plan_segments
-from .result import PlanResult, best_of, consolidated
+from .result import PlanResult, consolidated
 from .standard import plan_standard
 from .standardcompress import plan_standardcompress
 
-__all__ = ["ALGORITHMS", "get_algorithm", "may_recompute", "best_of", "consolidated",
-           "PlanResult"]
+__all__ = ["ALGORITHMS", "get_algorithm", "may_recompute", "consolidated", "PlanResult"]
 
 Algorithm = Callable[[Scheduled, RematOptions], PlanResult]
 

@@ -9,6 +9,9 @@ After the seed's "path" algorithm (microsoft/tensorflow-rematerialization):
 2. *De-rematerialize*: walk the drops from the most to the least expensive per
    byte and put back each one whose return keeps the estimated peak within the
    limit, so no recomputation is kept that the limit does not need.
+
+With a small-node limit the user did not set, it plans under none as well
+(:func:`~remat.core.algorithms.result.small_node_variants`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from ..options import RematOptions
 from .greedy import give_back, run_greedy
 from ..scheduled import Scheduled
 from .recomputable import recomputable
-from .result import PlanResult
+from .result import PlanResult, cheapest_consolidated, small_node_variants, tagged
 from .sweep import Strategy
 
 __all__ = ["plan_path"]
@@ -26,4 +29,7 @@ __all__ = ["plan_path"]
 def plan_path(scheduled: Scheduled, options: RematOptions) -> PlanResult:
     """Plans with the ``"path"`` algorithm (see the module docstring)."""
     whole_paths = Strategy(allows=recomputable, start_depth=options.max_chain_ops)
-    return run_greedy(scheduled, options, [whole_paths], keep=give_back)
+    return cheapest_consolidated(scheduled, [
+        tagged(run_greedy(scheduled, opts, [whole_paths], keep=give_back,
+                          consolidate=False), opts)
+        for opts in small_node_variants(options)])

@@ -20,12 +20,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from ..options import RematOptions
 from ..plan import Region, Rewritten
 from ..scheduled import Scheduled
 from ..simulate import Timeline
 from .consolidate import merge_regions_simulated
 
-__all__ = ["PlanResult", "best_of", "consolidated", "cheapest_consolidated"]
+__all__ = ["PlanResult", "best_of", "consolidated", "cheapest_consolidated",
+           "small_node_variants", "tagged"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +56,9 @@ class PlanResult:
       solve_seconds: the time spent in the solver, all rounds together.
       num_candidates: how many candidates the program chose among.
       rounds: how many times the program was solved.
+      small_node_bytes: the small-node limit the plan was made under, where the
+        algorithm planned under several (:func:`small_node_variants`); None: the
+        one given.
     """
 
     regions: tuple[Region, ...]
@@ -67,6 +72,7 @@ class PlanResult:
     solve_seconds: float = 0.0
     num_candidates: int = 0
     rounds: int = 0
+    small_node_bytes: int | None = None
 
     @property
     def met(self) -> bool:
@@ -127,4 +133,28 @@ def consolidated(scheduled: Scheduled, result: PlanResult, within: int) -> PlanR
     if simulated is None:     # no merge kept
         return result
     rw, tl = simulated
-    return PlanResult(tuple(rw.regions), rw, tl, result.baseline, result.limit_bytes)
+    return dataclasses.replace(result, regions=tuple(rw.regions), rewritten=rw, timeline=tl)
+
+
+def tagged(result: PlanResult, options: RematOptions) -> PlanResult:
+    """``result`` marked with the small-node limit of the settings it was made under."""
+    return dataclasses.replace(result, small_node_bytes=options.small_node_bytes)
+
+
+def small_node_variants(options: RematOptions) -> list[RematOptions]:
+    """The settings a heuristic plans under: ``options``, and, where its small-node
+    limit is the default (not given), the same with none. The default keeps the
+    greedy off small values; where their drops are the cheap ones, the plan under
+    none meets the target for less recompute (:func:`cheapest_consolidated` picks).
+
+    >>> o = RematOptions(100, "path", small_node_bytes=1024)
+    >>> [v.small_node_bytes for v in small_node_variants(o)]
+    [1024, 0]
+    >>> small_node_variants(RematOptions(100, "path", small_node_bytes=1024,
+    ...                                  small_node_given=True)) == [
+    ...     RematOptions(100, "path", small_node_bytes=1024, small_node_given=True)]
+    True
+    """
+    if options.small_node_given or not options.small_node_bytes:
+        return [options]
+    return [options, dataclasses.replace(options, small_node_bytes=0)]

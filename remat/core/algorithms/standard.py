@@ -12,7 +12,9 @@ growing block size). Unlike XLA's pass:
   limit wins: with one-op chains, a cheap value whose operand is gone cannot be
   rebuilt, so the greedy takes the expensive operand instead (a convolution's
   output rather than the ReLU after it), at many times the least recompute;
-* regions that rebuild the same ops are merged where the limit allows.
+* regions that rebuild the same ops are merged where the limit allows;
+* with a small-node limit the user did not set, it plans under none as well
+  (:func:`~remat.core.algorithms.result.small_node_variants`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ..options import RematOptions
 from ..scheduled import Scheduled
 from .greedy import give_back, run_greedy
 from .recomputable import recomputable
-from .result import PlanResult, cheapest_consolidated
+from .result import PlanResult, cheapest_consolidated, small_node_variants, tagged
 from .sweep import Strategy
 
 __all__ = ["plan_standard", "STANDARD"]
@@ -35,5 +37,5 @@ STANDARD_WIDE = Strategy(allows=recomputable, start_depth=8)
 def plan_standard(scheduled: Scheduled, options: RematOptions) -> PlanResult:
     """Plans with the ``"standard"`` algorithm (see the module docstring)."""
     return cheapest_consolidated(scheduled, [
-        run_greedy(scheduled, options, [start], keep=give_back, consolidate=False)
-        for start in (STANDARD, STANDARD_WIDE)])
+        tagged(run_greedy(scheduled, opts, [start], keep=give_back, consolidate=False), opts)
+        for opts in small_node_variants(options) for start in (STANDARD, STANDARD_WIDE)])
