@@ -37,5 +37,6 @@ STANDARD_WIDE = Strategy(allows=recomputable, start_depth=8)
 def plan_standard(scheduled: Scheduled, options: RematOptions) -> PlanResult:
     """Plans with the ``"standard"`` algorithm (see the module docstring)."""
     return cheapest_consolidated(scheduled, [
-        tagged(run_greedy(scheduled, opts, [start], keep=give_back, consolidate=False), opts)
+        tagged(run_greedy(scheduled, opts, [start], keep=give_back, consolidate=False),
+               opts)
         for opts in small_node_variants(options) for start in (STANDARD, STANDARD_WIDE)])
