@@ -26,7 +26,8 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    rung the line through their two footprints puts at the limit (stopping when
    it puts none between them within it), and once such a rung missed, halfway.
    A walk that has compiled its share of :data:`MAX_COMPILES` (divided evenly
-   among the columns) without meeting the limit stops: when the compiler reads
+   among the columns) without meeting the limit stops, planning nothing more
+   (a plan can take a good part of a compile's time): when the compiler reads
    a column's plans at one footprint while the model drops, its walk steps down
    one rung at a time, and would leave the other columns (other orders, whose
    plans the compiler may read lower) nothing.
@@ -259,10 +260,10 @@ class Frontier:
         missed = None
         first, share = self.compiles, max(self.max_compiles // len(self.columns), 1)
         while True:
+            if self.compiles - first >= share:
+                return False        # the other columns' share (nothing more planned)
             if self.candidate(column, k).extra_flops >= bound:
                 return False
-            if self.compiles - first >= share:
-                return False        # the other columns' share of the bound
             p = self.point(column, k)
             if p.footprint <= limit:
                 break

@@ -149,11 +149,22 @@ def test_a_walk_stops_at_its_share_of_the_bound():
         name, peak = cand.key
         return Point(cand.key, 701 if name == "a" else peak, cand.extra_flops, "")
 
-    columns = [_column("a", 0, step=1), _column("b", 0, step=1, per_xla=0.5)]
+    planned = []
+
+    def counted(column):
+        def plan(target):
+            planned.append(column.name)
+            return column.plan(target)
+        return dataclasses.replace(column, plan=plan)
+
+    columns = [counted(_column("a", 0, step=1)),
+               counted(_column("b", 0, step=1, per_xla=0.5))]
     f = Frontier(columns, measure)
     got = f.answer(700)
     assert got is not None and got.key[0] == "b"
     assert f.compiles == MAX_COMPILES // 2 + 1
+    # a walk out of its share plans nothing more (a plan can cost a compile's time)
+    assert planned.count("a") == MAX_COMPILES // 2
 
 
 def _two_zone_walk(limit):
