@@ -32,13 +32,16 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    one rung at a time, and would leave the other columns (other orders, whose
    plans the compiler may read lower) nothing.
    Columns are walked in their given order. Once a walk has met the limit, a
-   column is walked only if it plans quickly, has the answer's rank (or names
-   it in ``walked_after``), and its plan at its start (planned, not compiled)
+   column is walked only if it plans quickly (a slow column's plan may cost
+   more than a compile), has the answer's rank (or names it in
+   ``walked_after``), and its plan at its start (planned, not compiled)
    recomputes less than the answer so far: its walk plans nothing above its
    start, and lower rungs recompute more. A point already known within the
    limit (compiled for a limit asked before) bounds every walk in the same way,
-   and a column that does not plan quickly is then not walked (its plans may
-   cost more than a compile).
+   no slow column is walked, and once the search reaches the column that
+   planned it, it counts as that column's walk having met the limit: a lower
+   limit asked later walks no column that the higher one's search passed over
+   after meeting it.
 3. If no walk met it and no point was known within it, on each column every
    rung at or below its start not compiled yet, until a plan is within the limit.
 4. The answer: the cheapest point known (from any limit asked of this frontier
@@ -353,24 +356,21 @@ class Frontier:
         return self.best_under(limit)
 
     def _search(self, limit: int) -> None:
-        known = self.best_under(limit)      # from the limits asked before
-        met = None
+        best = self.best_under(limit)       # from the limits asked before, if any
+        met = None      # the point whose rank selects the columns walked after it
         for c, col in enumerate(self.columns):
             if met is not None:
-                if not (col.plans_quickly
-                        and (col.rank == met.rank or met.rank in col.walked_after)
-                        and self._start_flops(c, limit) < met.extra_flops):
+                if not (col.plans_quickly and (col.rank == met.rank
+                                               or met.rank in col.walked_after)):
                     continue
-            elif known is not None and not col.plans_quickly:
+            elif best is not None and not col.plans_quickly:
                 continue
-            bound = met if met is not None else known
-            if self.walk(c, limit, math.inf if bound is None else bound.extra_flops):
-                met = self.best_under(limit)
-        if met is None and known is None:
+            if self.walk(c, limit, math.inf if best is None else best.extra_flops):
+                best = met = self.best_under(limit)
+            elif best is not None and best.column == col.name:
+                met = best      # its own plan, known from before: as if it met it
+        if best is None:
             self.fill(limit)
-
-    def _start_flops(self, column: int, limit: int) -> float:
-        return self.candidate(column, self.start(column, limit)).extra_flops
 
     @property
     def exhausted(self) -> bool:

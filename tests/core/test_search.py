@@ -313,3 +313,45 @@ def test_a_column_walked_after_another_rank_follows_its_answer():
         f = Frontier([column("fat", 0, 150), column("lean", 1, 50, after)], measure)
         got = f.answer(800)
         assert got.footprint <= 800 and got.column == column_answering
+
+
+def test_a_point_known_from_before_selects_the_columns_as_a_walk_that_met_does():
+    # "other" (another order, rank 2) plans cheaper than "first" (rank 0).
+    # Once first met 800, other is not walked; nor at 799, where first's answer
+    # is known from before: a lower limit asked later gets no cheaper answer
+    # than the higher one got (asked again, 800 keeps its answer too).
+    def column(name, rank, flops):
+        return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
+                      lambda t: Candidate((name, t), t, flops * (PEAK - t)), rank=rank)
+
+    compiled = []
+
+    def measure(cand):
+        compiled.append(cand.key[0])
+        return Point(cand.key, cand.model_peak, cand.extra_flops, "")
+
+    f = Frontier([column("first", 0, 2.0), column("other", 2, 1.0)], measure)
+    high = f.answer(800)
+    low = f.answer(799)
+    assert high.column == low.column == "first" and "other" not in compiled
+    assert low.extra_flops == high.extra_flops == f.answer(800).extra_flops
+
+
+def test_a_point_known_from_a_later_column_leaves_the_earlier_ones_walked():
+    # "first" cannot meet 600 (below 700 the compiler reads its plans 400 over);
+    # "other" (rank 2, twice first's FLOPs) answers it. At 900 that answer is
+    # known, but first comes before other: walked as a fresh search would, it
+    # answers with less recompute.
+    def column(name, rank, flops):
+        return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
+                      lambda t: Candidate((name, t), t, flops * (PEAK - t)), rank=rank)
+
+    def measure(cand):
+        over = 400 if cand.key[0] == "first" and cand.model_peak < 700 else 0
+        return Point(cand.key, cand.model_peak + over, cand.extra_flops, "")
+
+    f = Frontier([column("first", 0, 1.0), column("other", 2, 2.0)], measure)
+    low = f.answer(600)
+    assert low.column == "other"
+    high = f.answer(900)
+    assert high.column == "first" and high.extra_flops < low.extra_flops
