@@ -35,8 +35,11 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    column is walked only if it plans quickly (a slow column's plan may cost
    more than a compile), has the answer's rank (or names it in
    ``walked_after``), and its plan at its start (planned, not compiled)
-   recomputes less than the answer so far: its walk plans nothing above its
-   start, and lower rungs recompute more. A point already known within the
+   recomputes less than the answer so far, by :data:`MIN_SAVING` of it at
+   least: its walk plans nothing above its start, and lower rungs recompute
+   more. Nor does a refine compile a plan that saves less than that share of
+   the recompute of the plan that met the limit: a compile is not spent to
+   save a sliver. A point already known within the
    limit (compiled for a limit asked before) bounds every walk in the same way,
    no slow column is walked, and once the search reaches the column that
    planned it, it counts as that column's walk having met the limit: a lower
@@ -85,7 +88,7 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-__all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MAX_COMPILES", "Candidate", "Point",
+__all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MIN_SAVING", "MAX_COMPILES", "Candidate", "Point",
            "Column", "Frontier", "rungs"]
 
 log = logging.getLogger("remat")
@@ -101,6 +104,11 @@ FINE_RUNGS = 8
 #: Plans compiled, at most, to refine back up towards a limit after a step down
 #: overshot it (each one recomputes less, if the compiler reads it within).
 REFINES = 2
+#: The least share of an answer's extra FLOPs a plan must save to be compiled in
+#: search of a cheaper answer (a refine, or a walk after the limit was met). The
+#: plans of neighbouring rungs often differ by a fraction of a percent; a compile
+#: costs about half a compile of the plain program each time.
+MIN_SAVING = 0.05
 #: Plans one limit's search compiles at most (walks and fill together). Limits met
 #: take a few compiles; without a bound, a limit the compiler reads every plan of
 #: over (a program where recomputing makes the compiler hold more, not less)
@@ -255,18 +263,21 @@ class Frontier:
         """Step 2 of the module's search on one column; True if a plan met it.
 
         A plan that recomputes ``bound`` FLOPs or more (those of an answer
-        already known) is not compiled: the walk ends at one, and a refine
-        skips one; so does a refine whose plan recomputes no less than the
-        plan that met the limit."""
+        already known) is not compiled: the walk ends at one, and so do the
+        refines. So it does at a start plan that does not save
+        :data:`MIN_SAVING` of ``bound``, and so do the refines at a plan that
+        does not save :data:`MIN_SAVING` of the plan that met the limit."""
         col = self.columns[column]
         k = self.start(column, limit)
         missed = None
         first, share = self.compiles, max(self.max_compiles // len(self.columns), 1)
+        least_saving = bound * MIN_SAVING if math.isfinite(bound) else 0.0
         while True:
             if self.compiles - first >= share:
                 return False        # the other columns' share (nothing more planned)
-            if self.candidate(column, k).extra_flops >= bound:
+            if self.candidate(column, k).extra_flops >= bound - least_saving:
                 return False
+            least_saving = 0.0      # a plan below the start that recomputes less answers
             p = self.point(column, k)
             if p.footprint <= limit:
                 break
@@ -282,9 +293,8 @@ class Frontier:
             if mid == met:
                 break               # no rung between is expected within the limit
             if self.candidate(column, mid).extra_flops >= min(
-                    bound, self.point(column, met).extra_flops):
-                missed = mid        # no less recompute: nothing to gain
-                continue
+                    bound, self.point(column, met).extra_flops * (1 - MIN_SAVING)):
+                break               # too little less recompute (lower rungs: less still)
             refines += 1
             if self.point(column, mid).footprint <= limit:
                 met = mid

@@ -10,8 +10,8 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from remat.core.search import (FINE_RUNGS, MAX_COMPILES, REFINES, RUNGS, Candidate,
-                               Column, Frontier, Point, rungs)
+from remat.core.search import (FINE_RUNGS, MAX_COMPILES, MIN_SAVING, REFINES, RUNGS,
+                               Candidate, Column, Frontier, Point, rungs)
 
 PEAK, FLOOR = 1000, 300
 
@@ -167,9 +167,10 @@ def test_a_walk_stops_at_its_share_of_the_bound():
     assert planned.count("a") == MAX_COMPILES // 2
 
 
-def _two_zone_walk(limit):
+def _two_zone_walk(limit, base_flops=PEAK):
     """The compiler reads every plan 100 over its model peak above 700, and 100
-    under at or below it; the model targets the walk compiled, and its answer."""
+    under at or below it; the model targets the walk compiled, and its answer.
+    A plan at target t recomputes ``base_flops - t``."""
     steps = []
 
     def measure(cand):
@@ -178,7 +179,7 @@ def _two_zone_walk(limit):
         return Point(cand.key, cand.model_peak + over, cand.extra_flops, "")
 
     col = Column("a", rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
-                 lambda t: Candidate(t, t, float(PEAK - t)))
+                 lambda t: Candidate(t, t, float(base_flops - t)))
     return steps, Frontier([col], measure).answer(limit)
 
 
@@ -192,6 +193,15 @@ def test_a_miss_steps_down_by_the_miss_then_refines_back():
     assert best.footprint <= 790 and best.extra_flops == min(
         PEAK - s for s in steps if s + (100 if s > 700 else -100) <= 790)
     assert best.footprint == 593                                # rung 693
+
+
+def test_no_refine_is_compiled_to_save_less_than_min_saving():
+    # As above, but every plan recomputes about 9,300: the rungs the refines
+    # would compile save under 1% of it, and none is compiled.
+    steps, best = _two_zone_walk(790, base_flops=10 * PEAK)
+    assert len(steps) == 2 and best.footprint == steps[1] - 100
+    assert (10 * PEAK - steps[1]) * (1 - MIN_SAVING) < 10 * PEAK - max(
+        r for r in rungs(FLOOR, PEAK) if r < steps[0])
 
 
 def test_no_refine_where_the_line_puts_no_rung_within_the_limit():
@@ -245,6 +255,22 @@ def test_after_a_walk_met_a_column_is_walked_only_if_its_start_plan_recomputes_l
     before = len(compiled)
     got = f.answer(600)
     assert got.column == "flat" and all(k[0] == "flat" for k in compiled[before:])
+
+
+def test_after_a_walk_met_a_column_saving_a_sliver_at_its_start_is_not_walked():
+    # "b" plans what "a" plans, recomputing a share less: walked after a met the
+    # limit only when that share is at least MIN_SAVING.
+    def column(name, factor):
+        return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
+                      lambda t: Candidate((name, t), t, factor * (PEAK - t)))
+
+    for saving, walked in ((MIN_SAVING / 2, False), (2 * MIN_SAVING, True)):
+        compiled = []
+        f = Frontier([column("a", 1.0), column("b", 1.0 - saving)],
+                     lambda c: compiled.append(c.key) or Point(c.key, c.model_peak,
+                                                                c.extra_flops, ""))
+        assert f.answer(800).column == ("b" if walked else "a")
+        assert any(k[0] == "b" for k in compiled) == walked
 
 
 def test_a_slow_column_is_walked_only_when_no_quick_one_met():
