@@ -88,8 +88,8 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-__all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MIN_SAVING", "MAX_COMPILES", "Candidate", "Point",
-           "Column", "Frontier", "rungs"]
+__all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MIN_SAVING", "MAX_COMPILES", "Candidate",
+           "Point", "Column", "Frontier", "rungs"]
 
 log = logging.getLogger("remat")
 
@@ -271,13 +271,13 @@ class Frontier:
         k = self.start(column, limit)
         missed = None
         first, share = self.compiles, max(self.max_compiles // len(self.columns), 1)
-        least_saving = bound * MIN_SAVING if math.isfinite(bound) else 0.0
+        dearest = bound * (1 - MIN_SAVING)     # the start plan must save a share
         while True:
             if self.compiles - first >= share:
                 return False        # the other columns' share (nothing more planned)
-            if self.candidate(column, k).extra_flops >= bound - least_saving:
+            if self.candidate(column, k).extra_flops >= dearest:
                 return False
-            least_saving = 0.0      # a plan below the start that recomputes less answers
+            dearest = bound         # below the start, any plan recomputing less answers
             p = self.point(column, k)
             if p.footprint <= limit:
                 break

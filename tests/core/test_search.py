@@ -46,6 +46,12 @@ def _frontier(seed, names=("a", "b")):
     return Frontier(columns, measure, plain), compiled
 
 
+def _scaled_column(name, factor, rank=0):
+    """A plan at every rung: at target t, peak t, recomputing ``factor * (PEAK - t)``."""
+    return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
+                  lambda t: Candidate((name, t), t, factor * (PEAK - t)), rank=rank)
+
+
 def test_rungs_span_floor_to_peak():
     r = rungs(FLOOR, PEAK)
     assert r[0] == FLOOR and r[-1] < PEAK and list(r) == sorted(r)
@@ -260,13 +266,9 @@ def test_after_a_walk_met_a_column_is_walked_only_if_its_start_plan_recomputes_l
 def test_after_a_walk_met_a_column_saving_a_sliver_at_its_start_is_not_walked():
     # "b" plans what "a" plans, recomputing a share less: walked after a met the
     # limit only when that share is at least MIN_SAVING.
-    def column(name, factor):
-        return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
-                      lambda t: Candidate((name, t), t, factor * (PEAK - t)))
-
     for saving, walked in ((MIN_SAVING / 2, False), (2 * MIN_SAVING, True)):
         compiled = []
-        f = Frontier([column("a", 1.0), column("b", 1.0 - saving)],
+        f = Frontier([_scaled_column("a", 1.0), _scaled_column("b", 1.0 - saving)],
                      lambda c: compiled.append(c.key) or Point(c.key, c.model_peak,
                                                                 c.extra_flops, ""))
         assert f.answer(800).column == ("b" if walked else "a")
@@ -346,17 +348,14 @@ def test_a_point_known_from_before_selects_the_columns_as_a_walk_that_met_does()
     # Once first met 800, other is not walked; nor at 799, where first's answer
     # is known from before: a lower limit asked later gets no cheaper answer
     # than the higher one got (asked again, 800 keeps its answer too).
-    def column(name, rank, flops):
-        return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
-                      lambda t: Candidate((name, t), t, flops * (PEAK - t)), rank=rank)
-
     compiled = []
 
     def measure(cand):
         compiled.append(cand.key[0])
         return Point(cand.key, cand.model_peak, cand.extra_flops, "")
 
-    f = Frontier([column("first", 0, 2.0), column("other", 2, 1.0)], measure)
+    f = Frontier([_scaled_column("first", 2.0), _scaled_column("other", 1.0, rank=2)],
+                 measure)
     high = f.answer(800)
     low = f.answer(799)
     assert high.column == low.column == "first" and "other" not in compiled
@@ -368,15 +367,12 @@ def test_a_point_known_from_a_later_column_leaves_the_earlier_ones_walked():
     # "other" (rank 2, twice first's FLOPs) answers it. At 900 that answer is
     # known, but first comes before other: walked as a fresh search would, it
     # answers with less recompute.
-    def column(name, rank, flops):
-        return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
-                      lambda t: Candidate((name, t), t, flops * (PEAK - t)), rank=rank)
-
     def measure(cand):
         over = 400 if cand.key[0] == "first" and cand.model_peak < 700 else 0
         return Point(cand.key, cand.model_peak + over, cand.extra_flops, "")
 
-    f = Frontier([column("first", 0, 1.0), column("other", 2, 2.0)], measure)
+    f = Frontier([_scaled_column("first", 1.0), _scaled_column("other", 2.0, rank=2)],
+                 measure)
     low = f.answer(600)
     assert low.column == "other"
     high = f.answer(900)
