@@ -296,7 +296,8 @@ def main(argv=None) -> None:
                   f"{_mib(r.least)}, hand met {sum(a.met for a in r.hand_attempts)}/"
                   f"{len(r.hand_attempts)}, monotone {not r.violations}", flush=True)
             text = write(rows, fractions, " --quick" * args.quick +
-                         " --optimal" * (args.optimal and args.quick))
+                         " --optimal" * (args.optimal and args.quick) +
+                         f" --jobs {args.jobs}" * (args.jobs > 1))
     print(text)
 
 
