@@ -51,6 +51,35 @@ def test_prediction_is_close_to_xla_on_a_small_mlp_gradient():
     assert 0.75 <= predicted / actual <= 1.25, (predicted, actual)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="the memory model is XLA:CPU's")
+def test_a_program_checkpointed_with_remat_is_predicted_as_its_lowering_runs_it():
+    # Two segments of three layers under remat.checkpoint: the lowering keeps
+    # XLA from merging each recomputation with the forward pass and from running
+    # it before the cotangents exist, so the program holds less than the plain
+    # one, and the prediction follows (it used to merge the recomputation away).
+    ws = [jnp.ones((256, 256)) * 0.01 for _ in range(6)]
+    x = jnp.ones((2048, 256))
+
+    def segmented(ws, x):
+        for k in (0, 3):
+            x = remat.checkpoint(_layers)(ws[k:k + 3], x)
+        return jnp.mean(x**2)
+
+    step, plain = jax.value_and_grad(segmented), jax.value_and_grad(mlp_loss)
+    predicted = remat.analyze(step, ws, x).peak_bytes
+    actual = xla_footprint(step, ws, x)
+    assert actual < 0.95 * xla_footprint(plain, ws, x)
+    assert predicted < 0.95 * remat.analyze(plain, ws, x).peak_bytes
+    assert 0.75 <= predicted / actual <= 1.25, (predicted, actual)
+
+
+def _layers(ws, x):
+    for w in ws:
+        x = jnp.tanh(x @ w)
+    return x
+
+
 @pytest.mark.parametrize("scheduler", ["best", "list", "dfs", "postorder"])
 def test_every_scheduler_is_available_and_best_is_lowest(scheduler):
     ws = [jnp.ones((16, 16)) for _ in range(4)]

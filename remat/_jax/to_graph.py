@@ -5,7 +5,9 @@ The graph is the whole program, as the compiler will see it:
 * call-like higher-order primitives (``jit``/``pjit``, ``closed_call``,
   ``custom_jvp_call``, ``custom_vjp_call``, remat, and any other primitive whose
   ``jaxpr``/``call_jaxpr`` parameter takes exactly the equation's operands) are
-  inlined, recursively: the compiler inlines them too;
+  inlined, recursively: the compiler inlines them too; with ``merge_repeated``, a
+  recomputing region of ``remat`` is inlined as its lowering compiles it: never
+  merged with the forward pass, and run only once its cotangents exist;
 * control flow (``scan``, ``while``, ``cond``) and ``shard_map`` stay one op, whose
   ``working_set_bytes`` is the simulated peak of its body beyond the body's inputs
   and outputs, and whose FLOPs are the body's (times the length, for ``scan``);
@@ -152,7 +154,9 @@ class _Flattener:
             ins = [read(a) for a in eqn.invars]
             body = _inlinable_body(eqn)
             source = source_line(eqn) or caller_source
-            if body is not None:
+            if body is not None and self.merge_repeated and _held_back(eqn):
+                outs = self._inline_region(eqn, *body, ins, source)
+            elif body is not None:
                 sub_jaxpr, sub_consts = body
                 outs = self.inline(sub_jaxpr, sub_consts, ins, source)
             elif self.upcast and is_half_precision_matmul(eqn):
@@ -179,6 +183,30 @@ class _Flattener:
             for var, v in zip(eqn.outvars, outs):
                 env[var] = v
         return [read(a) for a in jaxpr.outvars]
+
+    def _inline_region(self, eqn: JaxprEqn, jaxpr: Jaxpr, consts: Sequence[Any],
+                       ins: Sequence[int | None], source: str) -> list[int | None]:
+        """A recomputing region as its lowering compiles it (``lowering.py``): no
+        CSE merges its recomputation with the forward pass, and the recomputation
+        waits for the region's late inputs (its cotangents). Its ops that read
+        nothing late read a 4-byte "gate" computed from the late inputs."""
+        late = [v for v in ins[len(ins) - eqn.params["num_late"]:] if v is not None]
+        self.value_bytes.append(4)
+        self.value_shapes.append("f32[]")
+        gate = len(self.value_bytes) - 1
+        self.ops.append(_PendingOp("gate", late, [gate], 0.0, 0.0, source, "none", 0,
+                                   False))
+        first, self.merge_repeated = len(self.ops), False
+        try:
+            outs = self.inline(jaxpr, consts, ins, source)
+        finally:
+            self.merge_repeated = True
+        waiting = {gate, *late}         # values that exist only late
+        for op in self.ops[first:]:
+            if waiting.isdisjoint(op.inputs):
+                op.inputs.append(gate)
+            waiting.update(op.outputs)
+        return outs
 
     def _device_share(self, eqn: JaxprEqn, ins: list[int | None], outs: list[int]
                       ) -> float:
@@ -308,6 +336,16 @@ def _inlinable_body(eqn: JaxprEqn) -> tuple[Jaxpr, list[Any]] | None:
                     and len(jaxpr.outvars) == len(eqn.outvars)):
                 return jaxpr, consts
     return None
+
+
+def _held_back(eqn: JaxprEqn) -> bool:
+    """Whether ``eqn`` is a recomputing region of ``remat`` whose lowering keeps
+    the compiler from merging it or running it before its late inputs exist."""
+    params = eqn.params
+    protect = params.get("prevent_cse", False)
+    return (eqn.primitive.name == "remat" and bool(params.get("differentiated"))
+            and params.get("num_late", 0) > 0
+            and (any(protect) if isinstance(protect, tuple) else bool(protect)))
 
 
 def _shard_map_fusion(eqn: JaxprEqn) -> str:
