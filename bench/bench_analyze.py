@@ -58,14 +58,16 @@ def extra_programs() -> dict[str, tuple]:
     half_loss = lambda p, x: small.loss_fn(p, x).astype(jnp.float32)
     base = mlp_chain()
 
-    def checkpointed_loss(params, x):  # 6 jax.checkpoint segments of 4 layers
-        for i in range(0, len(params), 4):
-            def segment(h, ws=params[i:i + 4]):
-                for w in ws:
-                    h = jnp.tanh(h @ w)
-                return h
-            x = jax.checkpoint(segment)(x)
-        return jnp.mean(x**2)
+    def checkpointed(wrap):     # 6 segments of 4 layers, each under ``wrap``
+        def loss(params, x):
+            for i in range(0, len(params), 4):
+                def segment(h, ws=params[i:i + 4]):
+                    for w in ws:
+                        h = jnp.tanh(h @ w)
+                    return h
+                x = wrap(segment)(x)
+            return jnp.mean(x**2)
+        return jax.value_and_grad(loss)
 
     def scan_loss(ws, x):
         h, _ = lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
@@ -75,7 +77,8 @@ def extra_programs() -> dict[str, tuple]:
     return {
         "mlp_12x1024_b512": (wide.step, (wide.params, wide.batch)),
         "mlp_bf16": (jax.value_and_grad(half_loss), (half_params, half_x)),
-        "mlp_checkpointed": (jax.value_and_grad(checkpointed_loss), (base.params, base.batch)),
+        "mlp_checkpointed": (checkpointed(jax.checkpoint), (base.params, base.batch)),
+        "mlp_remat_checkpointed": (checkpointed(remat.checkpoint), (base.params, base.batch)),
         "mlp_scan": (jax.value_and_grad(scan_loss),
                      (jnp.stack(small.params), small.batch)),
         "transformer_forward_only": (tf.loss_fn, (tf.params, tf.batch)),
