@@ -98,8 +98,10 @@ def analyze(fun: Callable[..., Any], *args: Any, scheduler: str = "best",
     whole program into a graph (``remat._jax.to_graph``; on the CPU backend, 16-bit
     matmuls are modelled as the f32 computations XLA:CPU runs), orders it with
     ``scheduler`` and simulates the bytes live at each step, with the simulator's
-    closest model of XLA (repeated equations merged as CSE does, temporaries allowed
-    in result buffers not yet written).
+    closest model of XLA (repeated equations merged as CSE does, but not a
+    ``remat.checkpoint`` region's recomputation, which its lowering keeps apart and
+    runs once the cotangents exist; temporaries allowed in result buffers not yet
+    written).
 
     Arguments:
       fun: the function, typically a whole training step such as
