@@ -191,16 +191,14 @@ class _Flattener:
         waits for the region's late inputs (its cotangents). Its ops that read
         nothing late read a 4-byte "gate" computed from the late inputs."""
         late = [v for v in ins[len(ins) - eqn.params["num_late"]:] if v is not None]
-        self.value_bytes.append(4)
-        self.value_shapes.append("f32[]")
-        gate = len(self.value_bytes) - 1
+        gate = self.new_value(_ConstAval(np.float32(0)))      # a scalar f32
         self.ops.append(_PendingOp("gate", late, [gate], 0.0, 0.0, source, "none", 0,
                                    False))
-        first, self.merge_repeated = len(self.ops), False
+        first, merging, self.merge_repeated = len(self.ops), self.merge_repeated, False
         try:
             outs = self.inline(jaxpr, consts, ins, source)
         finally:
-            self.merge_repeated = True
+            self.merge_repeated = merging
         waiting = {gate, *late}         # values that exist only late
         for op in self.ops[first:]:
             if waiting.isdisjoint(op.inputs):
