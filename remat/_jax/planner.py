@@ -217,8 +217,8 @@ class Planner:
                 return point
 
     def _compiled_to_run(self, point: Point) -> Point:
-        """``point`` compiled in full (measuring compiles may skip optimizations
-        that do not change memory); the frontier keeps this compile's figure,
+        """``point`` compiled in full (measuring compiles skip work, and may read
+        a plan a few kilobytes apart); the frontier keeps this compile's figure,
         should it differ from the measured one."""
         m = point.payload
         start = time.perf_counter()
