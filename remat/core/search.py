@@ -23,8 +23,9 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    the plan over the limit, step down by the miss converted into the model (at
    least one rung); once a plan is within it, refine between it and the last
    miss (at most :data:`REFINES` plans: a higher rung recomputes less), at the
-   rung the line through their two footprints puts at the limit (stopping when
-   it puts none between them within it), and once such a rung missed, halfway.
+   rung the line through their two footprints puts at the limit, and halfway
+   where it puts none between them within it or once such a rung missed (the
+   compiler's footprint is seldom a line in the model's target).
    A walk that has compiled its share of :data:`MAX_COMPILES` (divided evenly
    among the columns) without meeting the limit stops, planning nothing more
    (a plan can take a good part of a compile's time): when the compiler reads
@@ -289,9 +290,9 @@ class Frontier:
             k = max(min(k - 1, bisect.bisect_right(col.rungs, target) - 1), 0)
         met, refines, secant = k, 0, True
         while refines < REFINES and missed is not None and missed - met > 1:
-            mid = self._between(column, met, missed, limit) if secant else (met + missed) // 2
-            if mid == met:
-                break               # no rung between is expected within the limit
+            mid = self._between(column, met, missed, limit) if secant else met
+            if mid == met:          # no line to go by, or none it puts within: halfway
+                mid, secant = (met + missed) // 2, False
             if self.candidate(column, mid).extra_flops >= min(
                     bound, self.point(column, met).extra_flops * (1 - MIN_SAVING)):
                 break               # too little less recompute (lower rungs: less still)

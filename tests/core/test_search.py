@@ -210,12 +210,32 @@ def test_no_refine_is_compiled_to_save_less_than_min_saving():
         r for r in rungs(FLOOR, PEAK) if r < steps[0])
 
 
-def test_no_refine_where_the_line_puts_no_rung_within_the_limit():
+def test_where_the_line_puts_no_rung_within_the_limit_the_walk_refines_halfway():
     # 846 reads 946; one step down by the miss, 737 reads 837: the line through
     # the two (read 100 over the model) puts the limit at 750, below the next
-    # rung (759): nothing more is compiled.
+    # rung (759); halfway instead (781, over), then halfway again (759, over).
     steps, best = _two_zone_walk(850)
-    assert len(steps) == 2 and best.footprint == 837
+    assert steps == [846, 737, 781, 759] and best.footprint == 837
+
+
+def test_a_flat_stretch_the_line_misses_is_found_halfway():
+    # The compiler reads every plan at or below 800 at 820 (a flat stretch, as
+    # when it packs a few more recomputed values into the same heap) and above
+    # it 200 over. The line through the walk's miss and its first plan within
+    # puts no rung between within the limit; halfway, a rung recomputing less is.
+    steps = []
+
+    def measure(cand):
+        steps.append(cand.model_peak)
+        return Point(cand.key, 820 if cand.model_peak <= 800 else cand.model_peak + 200,
+                     cand.extra_flops, "")
+
+    col = Column("a", rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
+                 lambda t: Candidate(t, t, float(PEAK - t)))
+    best = Frontier([col], measure).answer(830)
+    assert best.footprint == 820 and len(steps) == 2 + REFINES
+    assert best.extra_flops == PEAK - max(s for s in steps if s <= 800)
+    assert max(s for s in steps if s <= 800) > steps[1]      # above the first within
 
 
 def test_a_column_that_cannot_recompute_less_than_the_answer_is_not_walked():
