@@ -397,3 +397,20 @@ def test_a_point_known_from_a_later_column_leaves_the_earlier_ones_walked():
     assert low.column == "other"
     high = f.answer(900)
     assert high.column == "first" and high.extra_flops < low.extra_flops
+
+
+def test_columns_that_plan_quickly_are_walked_before_slow_ones():
+    # "slow" is given first, but "quick" is walked first and meets the limit, so
+    # nothing of "slow" is planned (its plan may cost several compiles' time).
+    planned = []
+
+    def column(name, quick):
+        def plan(t):
+            planned.append(name)
+            return Candidate((name, t), t, float(PEAK - t))
+        return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit, plan,
+                      plans_quickly=quick)
+
+    f = Frontier([column("slow", False), column("quick", True)],
+                 lambda c: Point(c.key, c.model_peak, c.extra_flops, ""))
+    assert f.answer(800).column == "quick" and "slow" not in planned
