@@ -57,9 +57,8 @@ class Plan:
     Attributes:
       limit_bytes: the footprint asked for (XLA bytes).
       baseline: XLA's footprint of the program as written, as its measuring
-        compile reads it (on CPU a quick compile: ``program.MEASURE_OPTIONS``;
-        128 bytes above a full one's on 2 of 50 random programs, equal on the
-        rest); fractional limits are of it.
+        compile reads it (``program.MEASURE_OPTIONS``: on CPU it may differ from
+        a full compile's by a few hundred bytes); fractional limits are of it.
       planned: XLA's footprint of the rewritten program (its full compile).
       result: the planning result (graph level: regions, simulations).
       graph: the planning graph of the program as written.

@@ -273,15 +273,14 @@ class Program:
 
 
 #: Compiler options, per platform, for a compile that only measures a plan. On CPU:
-#: no LLVM optimization, and kernels emitted by the older emitters, not the MLIR
-#: fusion emitters (the MLIR pipeline is most of a CPU compile). Together: a third
-#: of a full compile on the random programs, an eighth on a U-Net, a half on a
-#: transformer, but 1.5x the 0.08 s of O0 alone on a small chain of matmuls.
-#: XLA assigns buffers before code generation, but the emitter choice also steers
-#: a few HLO passes (fusion, scatter expansion): on 12 random programs, 24 of 233
-#: plans read 64 bytes to 128 KiB (4.5%) apart from their full compiles, the rest
-#: alike. So the plan that answers is compiled in full, its full figure replaces
-#: the measured one, and if that is over the limit the search goes on
+#: no LLVM optimization, and kernels from the older emitters instead of the MLIR
+#: fusion emitters, whose pipeline is most of a CPU compile (on programs of a few
+#: dozen fusions or more; on a handful of matmuls the older emitters compile
+#: slower). XLA assigns buffers before code generation, but the emitter choice
+#: also steers a few HLO passes (fusion, scatter expansion), so a plan's figures
+#: may differ from its full compile's by kilobytes. Rule: a measured figure only
+#: ranks plans; the plan that answers is compiled in full, its full figure
+#: replaces the measured one, and if that is over the limit the search goes on
 #: (``Planner.answer``).
 MEASURE_OPTIONS = {"cpu": {"xla_backend_optimization_level": 0,
                            "xla_cpu_use_fusion_emitters": False}}

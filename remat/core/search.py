@@ -33,10 +33,9 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    one rung at a time, and would leave the other columns (other orders, whose
    plans the compiler may read lower) nothing.
    Columns that plan quickly are walked first, in their given order, then the
-   others (a slow column's plan may take several compiles' time, where a quick
-   column's walk costs compiles of a fraction of one). Once a walk has met the limit, a
-   column is walked only if it plans quickly (a slow column's plan may cost
-   more than a compile), has the answer's rank (or names it in
+   others (a slow column's plan may take several compiles' time). Once a walk
+   has met the limit, a column is walked only if it plans quickly, has the
+   answer's rank (or names it in
    ``walked_after``), and its plan at its start (planned, not compiled)
    recomputes less than the answer so far, by :data:`MIN_SAVING` of it at
    least: its walk plans nothing above its start, and lower rungs recompute
