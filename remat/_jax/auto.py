@@ -55,7 +55,9 @@ def _plan_traced(program: Program, options: RematOptions, spec: CallSpec) -> Pla
     plan = Plan(limit, planner.baseline, m.footprint, m.result, program.graph, m.jaxpr,
                 planner.plan_seconds - seconds, program.out_tree,
                 _CompiledCall(m.compiled, spec), m.small_node_bytes, point.column,
-                planner.compile_seconds - compiling, planner.compiles - compiles)
+                planner.compile_seconds - compiling, planner.compiles - compiles,
+                # what its result does not show: the program as written's own regions
+                point.extra_flops - m.result.extra_flops)
     dump_plan(plan, options)
     return plan
 

@@ -1,20 +1,30 @@
-"""Flatten a program for the automatic pass: inline calls, drop dead code.
+"""Flatten a program for the automatic pass: inline calls, merge repeats, drop dead code.
 
 The compiler inlines ``jit`` calls, ``closed_call``, custom-derivative calls (whose
 derivative rules have already run by the time a gradient is traced) and checkpoint
 regions, so the automatic pass sees through them too and plans on one flat list of
 equations. Control flow (``scan``, ``while``, ``cond``) stays as one equation.
+
+Repeated computations are merged: an equation with the same primitive, operands
+and parameters as an earlier one (and no effects) is the earlier one. So a
+checkpoint region the user wrote, once inlined, leaves no second copy of its
+forward pass: the flat program is the program without the user's checkpoints,
+which the pass plans from (the program as written stays a candidate answer:
+``planner.py``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from remat._jax.compat import core, pe
 
+#: Checkpoint regions (``jax.checkpoint``'s and ``remat.checkpoint``'s).
+REGIONS = frozenset({"remat2", "remat", "checkpoint"})
 _INLINED = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
-            "custom_vjp_call", "custom_vjp_call_jaxpr", "remat2", "remat",
-            "checkpoint"}
+            "custom_vjp_call", "custom_vjp_call_jaxpr", *REGIONS}
 
 
 def _body(eqn: core.JaxprEqn) -> tuple[core.Jaxpr, list[Any]] | None:
@@ -43,11 +53,16 @@ def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
     >>> flat = inline_calls(jax.make_jaxpr(lambda x: f(f(x)))(1.0))
     >>> [e.primitive.name for e in flat.jaxpr.eqns]
     ['sin', 'mul', 'sin', 'mul']
+    >>> g = jax.checkpoint(lambda x: jnp.sin(jnp.sin(x)))
+    >>> flat = inline_calls(jax.make_jaxpr(jax.value_and_grad(g))(1.0))
+    >>> [e.primitive.name for e in flat.jaxpr.eqns].count("sin")   # not 3: merged
+    2
     """
     jaxpr = closed.jaxpr
     constvars, consts = list(jaxpr.constvars), list(closed.consts)
     eqns: list[core.JaxprEqn] = []
     env: dict = {}
+    computed: dict = {}     # merge key -> the outputs of the first such equation
 
     def read(v):
         return env.get(v, v) if isinstance(v, core.Var) else v
@@ -62,8 +77,18 @@ def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
             invars = [rd(v) for v in eqn.invars]
             found = _body(eqn)
             if found is None:
+                key = _merge_key(eqn, invars)
+                earlier = computed.get(key) if key is not None else None
+                if earlier is not None and all(
+                        isinstance(new, core.DropVar) or not isinstance(old, core.DropVar)
+                        for old, new in zip(earlier, eqn.outvars)):
+                    for old, new in zip(eqn.outvars, earlier):
+                        local[old] = new
+                    continue
                 outvars = [v if isinstance(v, core.DropVar) else core.Var(v.aval)
                            for v in eqn.outvars]
+                if key is not None:
+                    computed.setdefault(key, outvars)
                 eqns.append(eqn.replace(invars=invars, outvars=outvars))
                 for old, new in zip(eqn.outvars, outvars):
                     local[old] = new
@@ -89,3 +114,44 @@ def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
                       debug_info=jaxpr.debug_info)
     flat, _ = pe.dce_jaxpr(flat, [True] * len(outvars), instantiate=True)
     return core.ClosedJaxpr(flat, consts)
+
+
+def has_regions(jaxpr: core.Jaxpr) -> bool:
+    """Whether :func:`inline_calls` dissolves a checkpoint region of ``jaxpr``
+    (at its top level or inside a call it inlines).
+
+    >>> import jax, jax.numpy as jnp
+    >>> has_regions(jax.make_jaxpr(jax.grad(jax.checkpoint(jnp.sin)))(1.0).jaxpr)
+    True
+    """
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in REGIONS:
+            return True
+        found = _body(eqn)
+        if found is not None and has_regions(found[0]):
+            return True
+    return False
+
+
+#: Primitives whose equal equations may give different results (stateful).
+_NEVER_MERGED = frozenset({"rng_uniform"})
+
+
+def _merge_key(eqn: core.JaxprEqn, invars: list) -> Any:
+    """What makes two equations one computation (primitive, operands, parameters),
+    or None for one never merged (effects, stateful, unhashable parameters)."""
+    if eqn.effects or eqn.primitive.name in _NEVER_MERGED:
+        return None
+    operands = []
+    for v in invars:
+        if isinstance(v, core.Literal):
+            value = np.asarray(v.val)
+            operands.append(("literal", value.dtype.str, value.shape, value.tobytes()))
+        else:
+            operands.append(v)
+    try:
+        key = (eqn.primitive, tuple(operands), tuple(sorted(eqn.params.items())))
+        hash(key)
+    except TypeError:
+        return None
+    return key

@@ -179,14 +179,17 @@ def plan_with_loops(program: Program, options: RematOptions,
             footprints[k] = footprint_of(rewritten(k))
         return footprints[k]
 
-    baseline = XlaFootprint.of(program.compile(flat, measure_only=True))
+    # the program as written (the user's checkpoints in it, if any) sets the limit
+    written = program.as_written or flat
+    baseline = XlaFootprint.of(program.compile(written, measure_only=True))
     limit = baseline.limit_bytes(options.memory_limit)
-    footprints[0] = baseline.total
+    if written is flat:
+        footprints[0] = baseline.total
     # The model's footprint of each choice: the plain one, less the bytes no
     # longer stacked, plus the rebuilt values the backward loops hold.
     memory = [sum(front[i].memory(n.length) for front, i, n in zip(frontiers, c, nests))
               for c in chain]
-    chosen = _cheapest_within(footprint, [baseline.total - memory[0] + m for m in memory],
+    chosen = _cheapest_within(footprint, [footprint(0) - memory[0] + m for m in memory],
                               limit)
     best, size, reached = rewritten(chosen), None, footprint(chosen)
     if reached > limit:
@@ -204,7 +207,7 @@ def plan_with_loops(program: Program, options: RematOptions,
         raise MemoryLimitError(
             f"remat: with its {len(pairs)} differentiated loop(s) planned for the least "
             f"footprint found ({'; '.join(map(str, decisions))}), the program's is "
-            f"{format_bytes(reached)} (plain: {format_bytes(baseline.total)})."
+            f"{format_bytes(reached)} (as written: {format_bytes(baseline.total)})."
             f" Planning the rest: {e}", e.limit_bytes, e.least_bytes,
             e.bound_bytes) from e
     fields = {f.name: getattr(flat_plan, f.name) for f in dataclasses.fields(Plan)}

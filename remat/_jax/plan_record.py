@@ -75,6 +75,8 @@ class Plan:
         program's included on a program's first call).
       compiles: programs compiled to measure for this call (plans, and the plain
         program reading late; cached ones not counted).
+      own_flops: FLOPs the user's own checkpoint regions recompute, where the
+        answer is the program as written (``algorithm == "as written"``).
     """
     limit_bytes: int
     baseline: XlaFootprint
@@ -89,6 +91,7 @@ class Plan:
     algorithm: str = ""
     compile_seconds: float = 0.0
     compiles: int = 0
+    own_flops: float = 0.0
 
     @property
     def met(self) -> bool:
@@ -97,7 +100,7 @@ class Plan:
     @property
     def extra_flops(self) -> float:
         """FLOPs of the recomputations (our estimate)."""
-        return self.result.extra_flops
+        return self.result.extra_flops + self.own_flops
 
     @property
     def recomputed(self) -> list[str]:

@@ -25,6 +25,7 @@ from remat._jax.pins import pin_late_reads
 from remat._jax.program import Program
 from remat._jax.rewrite import rewrite_jaxpr
 from remat._jax.sharding import keep_output_shardings
+from remat._jax.to_graph import jaxpr_to_graph
 from remat._jax.xla_figures import XlaFootprint
 from remat.core.algorithms import (PlanResult, consolidated, get_algorithm,
                                    may_recompute)
@@ -92,10 +93,15 @@ class Planner:
       program: the traced program.
       options: the settings (``algorithm``, ``scheduler``, small-node limit, ...).
       baseline: XLA's footprint of the program as written.
+      plain: XLA's footprint of the program plans start from: the baseline,
+        or where the user's checkpoint regions were dissolved
+        (``Program.as_written``), the program without them (the program as
+        written is then a point of the frontier, its recompute counted).
       reads_late: whether every plan's convolutions read late
-        (:mod:`remat._jax.pins`; decided at the first limit below the baseline).
-      reference: XLA's footprint of the program plans start from (the
-        baseline, or the plain program reading late).
+        (:mod:`remat._jax.pins`; decided at the first limit below the plain
+        program's).
+      reference: XLA's footprint the columns' estimates convert by (the
+        plain program's, or its reading late).
       frontier: the search's points (:class:`remat.core.search.Frontier`).
       orders: the orders planned on, each with its simulation and what the
         plans on it share (a :class:`~remat.core.scheduled.Scheduled`).
@@ -122,9 +128,13 @@ class Planner:
         t = time.perf_counter()
         lowered = program.lower(program.flat)
         compiled = program.compile_lowered(lowered, measure_only=True)
-        self.baseline = XlaFootprint.of(compiled)
+        self.plain = self.baseline = XlaFootprint.of(compiled)
         # Plans return their results laid out as the plain program does.
         program.jit_kwargs = keep_output_shardings(compiled, program.jit_kwargs)
+        written = None
+        if program.as_written is not None:    # the user's own checkpoints: a point
+            written = Measured.of(program, self._plain_result(), program.as_written, 0)
+            self.baseline = written.footprint
         self.compile_seconds += time.perf_counter() - t
         self._floors: dict[tuple[int, int, str], int] = {}
         # Where the platform's default lowering gates regions (its convolutions
@@ -138,7 +148,7 @@ class Planner:
                 if platform and default_strategy(platform) == "gate" else plain_jaxpr)
         # the plain program reading late, until compiled (None: nothing to decide)
         self._undecided_late = late if late is not plain_jaxpr else None
-        self.reference = self.baseline     # what the columns' estimates convert by
+        self.reference = self.plain        # what the columns' estimates convert by
         self._other_compiles = 0           # besides the plans' (the reading-late one)
         # The first order with each algorithm first (the strongest planner last
         # among them), then the other orders: a new order costs compiles of its
@@ -162,11 +172,15 @@ class Planner:
             columns = [*(c for col in columns[:first]
                          for c in (col, _relowered(col, fallback))), *columns[first:]]
         final = not program.measures_in_part
-        plain = Point((), self.baseline.total, 0.0, "plain",
+        plain = Point((), self.plain.total, 0.0, "plain",
                       Measured(self._plain_result(), program.flat,
-                               compiled if final else None, self.baseline, 0, final,
+                               compiled if final else None, self.plain, 0, final,
                                None if final else lowered))
         self.frontier = Frontier(columns, self._measure, plain)
+        if written is not None:
+            self._other_compiles += 1
+            self.frontier.update(Point(("as written",), written.footprint.total,
+                                       self._own_flops(), "as written", written))
 
     def _decide_reading_late(self) -> None:
         """Compiles the plain program with its convolutions reading late
@@ -181,7 +195,7 @@ class Planner:
         measured = Measured.of(self.program, self.frontier.plain.payload.result, jaxpr, 0)
         self.compile_seconds += time.perf_counter() - start
         self._other_compiles += 1
-        if measured.footprint.total < self.baseline.total:
+        if measured.footprint.total < self.plain.total:
             self.reads_late, self.reference = True, measured.footprint
             self.frontier.update(Point(("reading late",), measured.footprint.total, 0.0,
                                        "plain, reading late", measured))
@@ -206,7 +220,7 @@ class Planner:
         self.answers += 1
         if limit < self.baseline.held_whatever:
             return None
-        if limit < self.baseline.total:
+        if limit < self.plain.total:
             self._decide_reading_late()
         while True:
             point = self.frontier.answer(limit)
@@ -259,7 +273,7 @@ class Planner:
         least = 0 if not self.options.small_node_given else self.options.small_node_bytes
         peak = timeline.peak_bytes
         # converts misses; starts from the estimate below, which follows the reference
-        per_xla = peak / max(self.baseline.total - self.baseline.scratch, 1)
+        per_xla = peak / max(self.plain.total - self.plain.scratch, 1)
         name = algorithm if len(self.orders) == 1 else f"{algorithm}/order {order}"
 
         # optimal, by small-node limit: the highest target no selection meets,
@@ -336,6 +350,16 @@ class Planner:
                                       model_target_bytes=scheduled.timeline.peak_bytes,
                                       algorithm="path", small_node_bytes=0)
         return get_algorithm("path")(scheduled, options)
+
+    def _own_flops(self) -> float:
+        """The FLOPs the user's own checkpoint regions recompute: those of the
+        program as written, regions inlined, less the flat program's (in the
+        units of the planning graph, whose FLOPs are one device's)."""
+        def flops(closed):
+            return sum(op.flops for op in jaxpr_to_graph(closed).ops)
+        flat = flops(self.program.flat)
+        per_device = sum(op.flops for op in self.program.graph.ops) / max(flat, 1.0)
+        return max(flops(self.program.as_written) - flat, 0.0) * per_device
 
     def model_timeline(self) -> Timeline:
         """The simulation of the program as written, on the first order."""

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from remat._jax.compat import core
-from remat._jax.inline import inline_calls
+from remat._jax.inline import has_regions, inline_calls
 from remat._jax.shard_map_split import split_shard_maps
 from remat._jax.sharding import program_sizes
 from remat._jax.to_graph import jaxpr_to_graph
@@ -211,9 +211,12 @@ class Program:
       jit_kwargs: the other arguments of ``jax.jit`` to compile with (the plain
         program's output shardings added on a multi-device program, so that
         every plan returns its results laid out as the plain program does).
-      in_shardings: per input, the sharding ``in_shardings`` gave it, or None.
       key: hashable: the program's structure, constants and call (equal keys,
         the same compiled programs).
+      in_shardings: per input, the sharding ``in_shardings`` gave it, or None.
+      as_written: the program as traced, where flattening dissolved checkpoint
+        regions of the user's (``flat`` is then the program without them); None
+        where ``flat`` computes what it does.
     """
     flat: core.ClosedJaxpr
     graph: Graph
@@ -223,13 +226,14 @@ class Program:
     jit_kwargs: dict
     key: Any
     in_shardings: tuple = ()
+    as_written: core.ClosedJaxpr | None = None
 
     def rewritten(self, closed: core.ClosedJaxpr, tag: Any) -> "Program":
         """This program with ``closed`` (a rewrite of ``flat`` with the same inputs
         and outputs) as its flat program; ``tag`` names the rewrite in the key."""
         return dataclasses.replace(self, flat=closed, graph=_graph_of(closed, self.specs,
                                                                       self.in_shardings),
-                                   key=(self.key, tag))
+                                   key=(self.key, tag), as_written=None)
 
     def function(self, closed: core.ClosedJaxpr) -> Callable:
         """``closed`` (a rewrite of ``flat``) as a jitted function of the dynamic
@@ -299,12 +303,13 @@ def trace_program(fun: Callable, args: tuple, kwargs: dict, spec: CallSpec,
     closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*split.dynamic)
     flat = split_shard_maps(inline_calls(closed))
     graph = _graph_of(flat, split.dynamic, split.shardings)
+    as_written = closed if has_regions(closed.jaxpr) else None
     key = (str(flat.jaxpr), _digest(flat.consts), split.key,
            tuple(sorted((k, repr(v)) for k, v in jit_kwargs.items())),
-           jax.default_backend())
+           jax.default_backend(), as_written and str(as_written.jaxpr))
     program = Program(flat, graph, jax.tree_util.tree_structure(out_shape),
                       tuple(_spec(x, s) for x, s in zip(split.dynamic, split.shardings)),
-                      split.donated, dict(jit_kwargs), key, split.shardings)
+                      split.donated, dict(jit_kwargs), key, split.shardings, as_written)
     return program, split
 
 

@@ -1,12 +1,16 @@
-"""program.py: tracing a call into a Program, and compiling its rewrites."""
+"""program.py: tracing a call into a Program (the user's checkpoints included),
+and compiling its rewrites."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import remat
+from remat._jax.planner import planner_for
 from remat._jax.program import MEASURE_OPTIONS, CallSpec, trace_program
 from remat._jax.xla_figures import XlaFootprint
+from remat.core.options import resolve_options
 
 
 def _mlp(ws, x):
@@ -57,3 +61,57 @@ def test_a_measuring_compile_reads_the_memory_of_a_full_one(name):
 def test_the_platform_is_the_default_backend_without_shardings():
     program, _ = trace_program(_mlp, _args("mlp")[1], {}, CallSpec.of(_mlp, {}), {})
     assert program.platform() == jax.default_backend()
+
+
+def _segmented(wrap):
+    """``_mlp`` of 6 layers in 3 segments, each passed through ``wrap``."""
+    def layers(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return x
+    segment = wrap(layers)
+
+    def loss(ws, x):
+        for k in range(0, len(ws), 2):
+            x = segment(ws[k:k + 2], x)
+        return jnp.sum(x ** 2)
+    return jax.value_and_grad(loss)
+
+
+def _segmented_args(seed):
+    r = np.random.default_rng(seed)
+    return ([jnp.asarray(r.normal(size=(128, 128)) / 11, jnp.float32) for _ in range(6)],
+            jnp.asarray(r.normal(size=(512, 128)), jnp.float32))
+
+
+def test_a_users_checkpoints_are_the_baseline_and_a_candidate_answer():
+    """The program as written (its regions lowered as ``remat.checkpoint`` lowers
+    them) is what fractional limits are of; the pass plans the program without
+    the user's regions, and the program as written is a point of the frontier,
+    its own recomputation counted."""
+    step, args = _segmented(remat.checkpoint), _segmented_args(0)
+    program, _ = trace_program(step, args, {}, CallSpec.of(step, {}), {})
+    assert program.as_written is not None
+    as_written = XlaFootprint.of(jax.jit(step).lower(*args).compile())
+    without = XlaFootprint.of(program.compile(program.flat))
+    assert as_written.total < without.total      # the user's regions save memory
+    plan = remat.plan(step, *args, memory_limit=1.0)
+    assert abs(plan.baseline.total - as_written.total) <= 0.01 * as_written.total
+    assert plan.met and plan.planned.total <= as_written.total
+    planner = planner_for(program, resolve_options({"memory_limit": 1.0}, {}))
+    written = planner.frontier.points[("as written",)]
+    assert written.footprint == plan.baseline.total and written.extra_flops > 0
+
+
+@pytest.mark.parametrize("wrap", [remat.checkpoint, jax.checkpoint], ids=["remat", "jax"])
+def test_a_users_checkpoints_do_not_change_what_a_byte_limit_gets(wrap):
+    """The same flat program, the same plan: the user's regions neither hide
+    recomputation from the planner nor count as recomputation it must repeat."""
+    args, fresh = _segmented_args(1), _segmented_args(2)
+    unwrapped = remat.plan(_segmented(lambda f: f), *args, memory_limit=0.6)
+    wrapped = remat.jit(_segmented(wrap), memory_limit=unwrapped.limit_bytes)
+    plan = wrapped.plan_for(*args)
+    assert plan.met and plan.extra_flops == unwrapped.extra_flops
+    got, want = wrapped(*fresh), jax.jit(_segmented(lambda f: f))(*fresh)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

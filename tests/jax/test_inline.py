@@ -1,0 +1,69 @@
+"""inline.py: flattening a program, and merging the computations it repeats."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat
+from remat._jax.compat import core
+from remat._jax.inline import has_regions, inline_calls
+
+
+def _segments(wrap):
+    """``_chain`` in two checkpointed segments of two layers."""
+    segment = wrap(_layers)
+
+    def loss(ws, x):
+        return jnp.sum(segment(ws[2:], segment(ws[:2], x)) ** 2)
+    return loss
+
+
+def _layers(ws, x):
+    for w in ws:
+        x = jnp.tanh(x @ w)
+    return x
+
+
+def _args():
+    r = np.random.default_rng(0)
+    return ([jnp.asarray(r.normal(size=(16, 16)), jnp.float32) for _ in range(4)],
+            jnp.asarray(r.normal(size=(8, 16)), jnp.float32))
+
+
+def _primitives(closed):
+    return sorted(e.primitive.name for e in closed.jaxpr.eqns)
+
+
+@pytest.mark.parametrize("wrap", [jax.checkpoint, remat.checkpoint,
+                                  lambda f: jax.checkpoint(f, prevent_cse=False)],
+                         ids=["jax", "remat", "jax-no-prevent-cse"])
+def test_a_checkpoint_dissolves_into_the_program_without_it(wrap):
+    """Inlined, a checkpoint's recomputation is the forward pass again: merged,
+    the flat gradient computes what the unwrapped one does."""
+    args = _args()
+    plain = jax.make_jaxpr(jax.value_and_grad(_segments(lambda f: f)))(*args)
+    wrapped = jax.make_jaxpr(jax.value_and_grad(_segments(wrap)))(*args)
+    assert has_regions(wrapped.jaxpr) and not has_regions(plain.jaxpr)
+    assert _primitives(inline_calls(wrapped)) == _primitives(inline_calls(plain))
+
+
+def test_merging_keeps_values_and_distinguishes_literals():
+    def f(x):
+        a, b = jnp.sin(x) * 2.0, jnp.sin(x) * 2.0      # one computation
+        c = jnp.sin(x) * 3.0                           # another literal
+        return a + b + c
+    flat = inline_calls(jax.make_jaxpr(f)(1.0))
+    assert _primitives(flat) == ["add", "add", "mul", "mul", "sin"]
+    x = np.float32(0.7)
+    np.testing.assert_allclose(core.jaxpr_as_fun(flat)(x)[0], f(x), rtol=1e-6)
+
+
+def test_effects_and_stateful_randomness_are_never_merged():
+    def f(x):
+        u = jax.lax.rng_uniform(0.0, 1.0, (3,)) + jax.lax.rng_uniform(0.0, 1.0, (3,))
+        jax.debug.print("{}", x)
+        jax.debug.print("{}", x)
+        return u * x
+    names = _primitives(inline_calls(jax.make_jaxpr(f)(1.0)))
+    assert names.count("rng_uniform") == 2 and names.count("debug_print") == 2
