@@ -171,10 +171,11 @@ def loop_body(jaxpr: core.Jaxpr, pair: LoopPair) -> BodyMap:
             continue
         if p in pair.positions:
             residual_of[p] = ids[v]
-        else:
+        elif p >= ncarry:
             other_outputs.add(ids[v])
-    # A value the forward scan also returns elsewhere stays stacked there: not a
-    # residual of this pair.
+    # A value the forward scan also stacks elsewhere stays stacked there: not a
+    # residual of this pair. (A carry out is not stacked: a residual that is also
+    # the next carry may be dropped and rebuilt.)
     residual_of = {p: r for p, r in residual_of.items() if r not in other_outputs}
     graph: Graph = b.build([ids[v] for v in body.outvars if isinstance(v, core.Var)])
     residuals = tuple(dict.fromkeys(residual_of.values()))

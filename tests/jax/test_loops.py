@@ -117,6 +117,28 @@ def test_fori_loop_with_static_bounds():
     _check(jax.grad(loss), (w, x), 0.5)
 
 
+def test_a_residual_that_is_the_next_carry_may_be_rebuilt():
+    """``tanh``'s derivative reads its result, which here is also the carry out:
+    stacked as a residual, it can be rebuilt from the carry in, so the pass
+    reaches what checkpointing the body by hand does (only the carry stacked)."""
+    def loss(wrap):
+        def body(c, w):
+            return wrap(lambda c, w: jnp.tanh(jnp.tanh(c @ w) @ w))(c, w), None
+        return jax.value_and_grad(
+            lambda ws, x: jnp.sum(jax.lax.scan(body, x, ws)[0] ** 2))
+
+    ws, x = _mlp_inputs(9)
+    flat = inline_calls(jax.make_jaxpr(loss(lambda f: f))(ws, x))
+    (pair,) = find_loops(flat.jaxpr)
+    fwd = flat.jaxpr.eqns[pair.forward].params["jaxpr"].jaxpr
+    carry_out = fwd.outvars[0]
+    bmap = loop_body(flat.jaxpr, pair)
+    assert any(bmap.vars[r] is carry_out for r in bmap.body.residuals)
+    by_hand = _footprint(jax.jit(loss(remat.checkpoint)).lower(ws, x).compile())
+    plan = remat.plan(loss(lambda f: f), ws, x, memory_limit=by_hand)
+    assert plan.met
+
+
 def test_every_choice_gives_the_plain_gradient():
     ws, x = _mlp_inputs(5)
     flat = inline_calls(jax.make_jaxpr(jax.grad(_mlp_loss, argnums=(0, 1)))(ws, x))
