@@ -5,12 +5,14 @@ derivative rules have already run by the time a gradient is traced) and checkpoi
 regions, so the automatic pass sees through them too and plans on one flat list of
 equations. Control flow (``scan``, ``while``, ``cond``) stays as one equation.
 
-Repeated computations are merged: an equation with the same primitive, operands
-and parameters as an earlier one (and no effects) is the earlier one. So a
-checkpoint region the user wrote, once inlined, leaves no second copy of its
-forward pass: the flat program is the program without the user's checkpoints,
+Inside a checkpoint region, repeated computations are merged: an equation with
+the same primitive, operands and parameters as an earlier one (and no effects) is
+the earlier one. So a region the user wrote, once inlined, leaves no second copy of
+its forward pass: the flat program is the program without the user's checkpoints,
 which the pass plans from (the program as written stays a candidate answer:
-``planner.py``).
+``planner.py``). Elsewhere equations are kept as written (XLA merges what repeats,
+but a merged value lives from its first use to its last in the planner's model,
+where XLA often fuses a cheap repeat, a broadcast or a transpose, into each use).
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def _body(eqn: core.JaxprEqn) -> tuple[core.Jaxpr, list[Any]] | None:
 
 
 def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
-    """``closed`` with call-like equations inlined (recursively) and dead equations
-    removed; its constants are the original ones followed by the inlined bodies'.
+    """``closed`` with call-like equations inlined (recursively), a checkpoint's
+    repeats of earlier equations merged, and dead equations removed; its constants
+    are the original ones followed by the inlined bodies'.
 
     >>> import jax, jax.numpy as jnp
     >>> f = jax.jit(lambda x: jnp.sin(x) * 2)
@@ -67,7 +70,7 @@ def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
     def read(v):
         return env.get(v, v) if isinstance(v, core.Var) else v
 
-    def emit(eqn_list, local: dict):
+    def emit(eqn_list, local: dict, in_region: bool):
         def rd(v):
             if not isinstance(v, core.Var):
                 return v
@@ -78,7 +81,7 @@ def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
             found = _body(eqn)
             if found is None:
                 key = _merge_key(eqn, invars)
-                earlier = computed.get(key) if key is not None else None
+                earlier = computed.get(key) if key is not None and in_region else None
                 if earlier is not None and all(
                         isinstance(new, core.DropVar) or not isinstance(old, core.DropVar)
                         for old, new in zip(earlier, eqn.outvars)):
@@ -102,12 +105,12 @@ def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
                 inner[cv] = fresh
             for iv, outer in zip(body.invars, invars):
                 inner[iv] = outer
-            emit(body.eqns, inner)
+            emit(body.eqns, inner, in_region or eqn.primitive.name in REGIONS)
             for old, res in zip(eqn.outvars, body.outvars):
                 local[old] = inner.get(res, res) if isinstance(res, core.Var) else res
 
     top: dict = {}
-    emit(jaxpr.eqns, top)
+    emit(jaxpr.eqns, top, False)
     outvars = [top.get(v, v) if isinstance(v, core.Var) else v for v in jaxpr.outvars]
     flat = core.Jaxpr(constvars, jaxpr.invars, outvars, eqns,
                       effects=core.join_effects(*(e.effects for e in eqns)),

@@ -48,18 +48,26 @@ def test_a_checkpoint_dissolves_into_the_program_without_it(wrap):
     assert _primitives(inline_calls(wrapped)) == _primitives(inline_calls(plain))
 
 
-def test_merging_keeps_values_and_distinguishes_literals():
-    def f(x):
-        a, b = jnp.sin(x) * 2.0, jnp.sin(x) * 2.0      # one computation
-        c = jnp.sin(x) * 3.0                           # another literal
-        return a + b + c
-    flat = inline_calls(jax.make_jaxpr(f)(1.0))
+def _repeats(x):
+    a, b = jnp.sin(x) * 2.0, jnp.sin(x) * 2.0      # one computation
+    c = jnp.sin(x) * 3.0                           # another literal
+    return a + b + c
+
+
+def test_merging_in_a_region_keeps_values_and_distinguishes_literals():
+    flat = inline_calls(jax.make_jaxpr(jax.checkpoint(_repeats))(1.0))
     assert _primitives(flat) == ["add", "add", "mul", "mul", "sin"]
     x = np.float32(0.7)
-    np.testing.assert_allclose(core.jaxpr_as_fun(flat)(x)[0], f(x), rtol=1e-6)
+    np.testing.assert_allclose(core.jaxpr_as_fun(flat)(x)[0], _repeats(x), rtol=1e-6)
+
+
+def test_outside_regions_equations_are_kept_as_written():
+    flat = inline_calls(jax.make_jaxpr(_repeats)(1.0))
+    assert _primitives(flat).count("sin") == 3
 
 
 def test_effects_and_stateful_randomness_are_never_merged():
+    @jax.checkpoint
     def f(x):
         u = jax.lax.rng_uniform(0.0, 1.0, (3,)) + jax.lax.rng_uniform(0.0, 1.0, (3,))
         jax.debug.print("{}", x)
