@@ -17,8 +17,6 @@ import dataclasses
 import time
 from typing import Any
 
-import jax
-
 from remat._jax.compat import core
 from remat._jax.lowering import default_strategy, fallback_strategy
 from remat._jax.pins import pin_late_reads
@@ -26,7 +24,7 @@ from remat._jax.program import Program
 from remat._jax.rewrite import rewrite_jaxpr
 from remat._jax.sharding import keep_output_shardings
 from remat._jax.to_graph import jaxpr_to_graph
-from remat._jax.xla_figures import XlaFootprint
+from remat._jax.xla_figures import XlaFootprint, single_platform
 from remat.core.algorithms import (PlanResult, consolidated, get_algorithm,
                                    may_recompute)
 from remat.core.algorithms.optimal import plan_optimal
@@ -364,16 +362,6 @@ class Planner:
     def model_timeline(self) -> Timeline:
         """The simulation of the program as written, on the first order."""
         return self.orders[0].timeline
-
-
-def single_platform(compiled: Any) -> str | None:
-    """The platform of a compiled program that runs on one device; None for one
-    partitioned over several (whose regions the default lowering does not gate:
-    see ``lowering._default_on``)."""
-    shardings = [*jax.tree.leaves(compiled.input_shardings),
-                 *jax.tree.leaves(compiled.output_shardings)]
-    devices = set().union(*(s.device_set for s in shardings)) or {jax.devices()[0]}
-    return next(iter(devices)).platform if len(devices) == 1 else None
 
 
 def _relowered(column: Column, lowering: str) -> Column:

@@ -1,4 +1,4 @@
-"""XLA's figures of a compiled program: its footprint and library scratch.
+"""XLA's figures of a compiled program: its footprint, library scratch, platform.
 
 The automatic pass judges every plan by what XLA reports of the compiled
 program (``compiled.memory_analysis()``), never by the planner's model alone:
@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
-__all__ = ["XlaFootprint", "library_scratch_bytes"]
+import jax
+
+__all__ = ["XlaFootprint", "library_scratch_bytes", "single_platform"]
 
 # A library call's workspace in optimized HLO: a byte array in the result tuple of
 # a custom call (cuBLAS and cuDNN calls on GPU: ``(f32[...], s8[33554432]) custom-call``).
@@ -81,3 +84,13 @@ class XlaFootprint:
         if isinstance(limit, float):
             return int(self.fixed + limit * (self.temp - self.scratch))
         return limit
+
+
+def single_platform(compiled: Any) -> str | None:
+    """The platform of a compiled program that runs on one device; None for one
+    partitioned over several (whose regions the default lowering does not gate:
+    see ``lowering._default_on``)."""
+    shardings = [*jax.tree.leaves(compiled.input_shardings),
+                 *jax.tree.leaves(compiled.output_shardings)]
+    devices = set().union(*(s.device_set for s in shardings)) or {jax.devices()[0]}
+    return next(iter(devices)).platform if len(devices) == 1 else None
