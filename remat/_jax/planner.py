@@ -42,9 +42,11 @@ __all__ = ["Measured", "Planner", "planner_for", "PORTFOLIO_ALGORITHMS",
 
 #: The algorithms of the default, in the order its walks try them.
 PORTFOLIO_ALGORITHMS = ("path", "standard", "optimal", "segments")
-#: ``"optimal"`` joins the default only for graphs of at most this many ops (and on
-#: the first order only): each rung is an integer program, whose time grows fast
-#: with the program, and the default should answer in about a compile's time.
+#: ``"optimal"`` joins the default only for graphs of at most this many ops: each
+#: rung is an integer program, whose time grows fast with the program, and the
+#: default should answer in about a compile's time. It plans on every order, as
+#: ``algorithm="optimal"`` does (the default refuses no limit a chosen algorithm
+#: meets), walked after the heuristics of every order.
 OPTIMAL_MAX_OPS = 400
 #: The time limit of each of ``"optimal"``'s solves in the default (seconds; the
 #: best selection found by then is used): it is tried after the heuristics.
@@ -158,8 +160,7 @@ class Planner:
         # gated answer the same column's plans under the fallback lowering (which
         # keeps fewer bytes, so its walk may meet higher up).
         columns = [self._column(name, k) for k in range(len(self.orders))
-                   for name in self.algorithms()
-                   if k == 0 or name != "optimal" or options.algorithm == "optimal"]
+                   for name in self.algorithms()]
         # Where the default lowering gates regions, each column of the first order
         # is followed by its plans under the lowering that keeps fewer bytes (and
         # may run slower): tried before the next algorithm, as the gate's extra
