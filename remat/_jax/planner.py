@@ -158,9 +158,14 @@ class Planner:
         # once a walk met a limit, only columns of its rank (the other algorithms
         # on its order and lowering) are walked for less recompute, and after a
         # gated answer the same column's plans under the fallback lowering (which
-        # keeps fewer bytes, so its walk may meet higher up).
+        # keeps fewer bytes, so its walk may meet higher up). "optimal" on the other
+        # orders comes last of all (each rung a solve of up to seconds): it only
+        # takes limits no other column meets.
+        names = self.algorithms()
         columns = [self._column(name, k) for k in range(len(self.orders))
-                   for name in self.algorithms()]
+                   for name in names if k == 0 or name != "optimal"]
+        columns += [self._column("optimal", k) for k in range(1, len(self.orders))
+                    if "optimal" in names]
         # Where the default lowering gates regions, each column of the first order
         # is followed by its plans under the lowering that keeps fewer bytes (and
         # may run slower): tried before the next algorithm, as the gate's extra
