@@ -70,7 +70,8 @@ class Plan:
       small_node_bytes: the small-node limit its plan was made with (the default
         is lowered where the values it keeps would put a target out of reach).
       algorithm: the algorithm (and order) that planned it; ``"plain"``: nothing
-        needed recomputing.
+        needed recomputing; ``"as written"``: the program with the user's own
+        checkpoints, as traced (see ``own_flops``).
       compile_seconds: time spent in XLA's compiles for this call (the plain
         program's included on a program's first call).
       compiles: programs compiled to measure for this call (plans, and the plain
