@@ -124,6 +124,7 @@ class Planner:
             else:
                 order = get_scheduler(options.scheduler)(graph)
                 self.orders = [on_schedule(graph, order, check=False)]
+            planned_nothing = self._plain_result()
         self.plan_seconds += time.perf_counter() - start
         t = time.perf_counter()
         lowered = program.lower(program.flat)
@@ -133,7 +134,7 @@ class Planner:
         program.jit_kwargs = keep_output_shardings(compiled, program.jit_kwargs)
         written = None
         if program.as_written is not None:    # the user's own checkpoints: a point
-            written = Measured.of(program, self._plain_result(), program.as_written, 0)
+            written = Measured.of(program, planned_nothing, program.as_written, 0)
             self.baseline = written.footprint
         self.compile_seconds += time.perf_counter() - t
         self._floors: dict[tuple[int, int, str], int] = {}
@@ -177,7 +178,7 @@ class Planner:
                          for c in (col, _relowered(col, fallback))), *columns[first:]]
         final = not program.measures_in_part
         plain = Point((), self.plain.total, 0.0, "plain",
-                      Measured(self._plain_result(), program.flat,
+                      Measured(planned_nothing, program.flat,
                                compiled if final else None, self.plain, 0, final,
                                None if final else lowered))
         self.frontier = Frontier(columns, self._measure, plain)
