@@ -281,8 +281,9 @@ class Planner:
         per_xla = peak / max(self.plain.total - self.plain.scratch, 1)
         name = algorithm if len(self.orders) == 1 else f"{algorithm}/order {order}"
 
-        # optimal, by small-node limit: the highest target no selection meets,
-        # and the plan of least peak it found then
+        # optimal, by small-node limit: the highest target no selection met
+        # (none exists, or the solver found none in its time: a lower target's
+        # selections are a subset), and the plan of least peak found then
         out_of_reach: dict[int, tuple[int, Candidate]] = {}
         planned: dict[int, Candidate] = {}     # by target (a relowered column asks too)
         seconds = self.options.solver_seconds
@@ -296,8 +297,8 @@ class Planner:
             small = self.small_node_bytes(order, target, algorithm)
             highest, least_peak = out_of_reach.get(small, (-1, None))
             if target <= highest:
-                # No selection meets a higher target with these candidates: none
-                # meets this one, and the solver would prove it for nothing.
+                # No selection met a higher target with these candidates: none
+                # meets this one, and the solver would search for it in vain.
                 self.plan_seconds += time.perf_counter() - start
                 return least_peak
             options = dataclasses.replace(self.options, model_target_bytes=target,
@@ -320,7 +321,7 @@ class Planner:
             self.plan_seconds += time.perf_counter() - start
             cand = Candidate(result.regions, result.timeline.peak_bytes,
                              result.extra_flops, (result, small, None))
-            if result.status == "infeasible":
+            if not result.met and result.status in ("infeasible", "time_limit"):
                 out_of_reach[small] = (max(target, highest), least_peak or cand)
             planned[target] = cand
             return cand

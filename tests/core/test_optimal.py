@@ -1,5 +1,8 @@
 """``"optimal"``: the integer-programming yardstick, on synthetic graphs (no JAX)."""
 
+import time
+import types
+
 import pytest
 
 from remat.core.algorithms import ALGORITHMS, PlanResult, get_algorithm
@@ -75,6 +78,25 @@ def test_a_known_least_peak_plan_is_not_searched_again(monkeypatch):
                          least_peak=first)
     assert again.status == "infeasible" and again.limit_bytes == 2
     assert again.regions == first.regions and not searches
+
+
+def test_a_solve_out_of_time_leaves_no_least_peak_search(monkeypatch):
+    # the solver found no selection before its deadline: the plan of least peak
+    # is the heuristics' (no time is left to search for a lower one)
+    g = training_chain(8)
+    searches = []
+    timed_out = types.SimpleNamespace(x=None, status=1, message="Time limit reached.",
+                                      mip_gap=None, mip_dual_bound=None)
+    monkeypatch.setattr(optimal_program.Program, "solve",
+                        lambda self, target, seconds, *rest, **kw:
+                        (time.sleep(seconds + 0.01), (timed_out, 0))[1])
+    monkeypatch.setattr(optimal_program.Program, "least_peak",
+                        lambda *args: searches.append(args))
+    r = _plan("optimal", g, _limit(g, 0.3), solver_seconds=0.05)
+    lowest = min((_plan(name, g, _limit(g, 0.3)) for name in ("path", "standard")),
+                 key=lambda h: h.timeline.peak_bytes)
+    assert r.status == "time_limit" and not r.met and not searches
+    assert r.timeline.peak_bytes == lowest.timeline.peak_bytes < r.baseline.peak_bytes
 
 
 def test_time_limit_reports_gap_or_no_plan():

@@ -1,6 +1,7 @@
 """remat.jit / remat.plan: limits met by XLA's own figure, gradients unchanged."""
 
 import os
+import types
 
 import jax
 import jax.numpy as jnp
@@ -130,6 +131,31 @@ def test_targets_out_of_the_solvers_reach_search_for_the_least_peak_once(monkeyp
     low, high = column.plan(column.rungs[0] // 2), column.plan(column.rungs[0] - 1)
     assert low.payload[0].status == high.payload[0].status == "infeasible"
     assert high.key == low.key and len(searches) == 1
+
+
+def test_targets_below_one_the_solver_met_nothing_of_in_its_time_are_not_solved(
+        monkeypatch):
+    # a lower target's selections are a subset of a higher one's: once the solver
+    # ran out of time at a target with nothing met, lower ones get the plan of
+    # least peak found then, with no solve of their own
+    planner_module.forget_planners()
+    ws, x = _inputs(3)
+    remat.plan(jax.grad(_loss), ws, x, memory_limit=0.9, small_node_limit=0,
+               algorithm="optimal")
+    [planner] = planner_module._PLANNERS.values()
+    column = planner._column("optimal", 0)
+    solves = []
+    timed_out = types.SimpleNamespace(x=None, status=1, message="Time limit reached.",
+                                      mip_gap=None, mip_dual_bound=None)
+    monkeypatch.setattr(optimal_program.Program, "solve",
+                        lambda self, target, *rest, **kw: solves.append(target)
+                        or (timed_out, 0))
+    monkeypatch.setattr(optimal_program.Program, "least_peak",
+                        lambda *args: (timed_out, 0))
+    high = column.plan(column.rungs[0] // 2)
+    low = column.plan(column.rungs[0] // 3)
+    assert high.payload[0].status == "time_limit" and not high.payload[0].met
+    assert solves == [column.rungs[0] // 2] and low.key == high.key
 
 
 def test_default_small_node_limit_gives_way_to_the_limit():

@@ -32,8 +32,10 @@ solve.
 
 When the time limit (``options.solver_seconds``) stops the solver, the best plan
 found so far is returned with its proven relative gap (``PlanResult.gap``). A
-limit no selection can meet is reported with ``status="infeasible"``: the plan
-returned then has the least estimated peak any selection reaches.
+limit no selection can meet is reported with ``status="infeasible"``, and one
+the solver found no selection for in its time with ``status="time_limit"``: the
+plan returned then has the least estimated peak of the selection of least peak
+(searched in the time left, if any) and the ``"path"`` and ``"standard"`` plans.
 
 Example::
 
@@ -173,11 +175,12 @@ def plan_optimal(scheduled: Scheduled, options: RematOptions,
         say("remat optimal: limit %d bytes out of reach (%s); the least peak known %d",
             limit, best.status, best.timeline.peak_bytes)
     elif best is None:
-        # nothing meets the limit: the least estimated peak instead
-        res, _ = program.least_peak(max(deadline - time.perf_counter(), 1.0),
-                                    options.verbose)
+        # nothing meets the limit: the least estimated peak instead, searched in
+        # the time the solve left (none left: the heuristics' least, below)
+        left = deadline - time.perf_counter()
+        res = program.least_peak(left, options.verbose)[0] if left > 0 else None
         chosen = ([i for i in range(len(cands)) if res.x[i] > 0.5]
-                  if res.x is not None else [])
+                  if res is not None and res.x is not None else [])
         regions = [Region(cands[i].chain, cands[i].consumers) for i in chosen]
         try:
             rw, tl = evaluate(scheduled, regions)
@@ -185,8 +188,9 @@ def plan_optimal(scheduled: Scheduled, options: RematOptions,
             rw, tl = evaluate(scheduled, [])
         best = result(regions, rw, tl, status=status or "infeasible", gap=None,
                       bound=None)
-        say("remat optimal: limit %d bytes out of reach (%s); least peak found %d",
-            limit, best.status, tl.peak_bytes)
+        say("remat optimal: limit %d bytes out of reach (%s); least peak %s %d",
+            limit, best.status, "found" if res is not None else "not searched (no time "
+            "left), the plain program's", tl.peak_bytes)
     known = [h for h in heuristics if h.met]
     if known:
         cheapest = min(known, key=lambda h: h.extra_flops)
