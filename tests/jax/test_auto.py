@@ -115,15 +115,20 @@ def test_a_search_stopped_by_its_bound_says_so(monkeypatch):
     assert "every planning target" not in str(refused.value)
 
 
-def test_targets_out_of_the_solvers_reach_search_for_the_least_peak_once(monkeypatch):
-    # every target the solver cannot meet gets the plan of least peak; it is
-    # searched (to the solver's time limit) once, whichever target came first
+def _optimal_column():
+    """The first order's ``optimal`` column of a fresh planner for a small chain."""
     planner_module.forget_planners()
     ws, x = _inputs(3)
     remat.plan(jax.grad(_loss), ws, x, memory_limit=0.9, small_node_limit=0,
                algorithm="optimal")
     [planner] = planner_module._PLANNERS.values()
-    column = planner._column("optimal", 0)
+    return planner._column("optimal", 0)
+
+
+def test_targets_out_of_the_solvers_reach_search_for_the_least_peak_once(monkeypatch):
+    # every target the solver cannot meet gets the plan of least peak; it is
+    # searched (to the solver's time limit) once, whichever target came first
+    column = _optimal_column()
     searches = []
     least_peak = optimal_program.Program.least_peak
     monkeypatch.setattr(optimal_program.Program, "least_peak",
@@ -138,12 +143,7 @@ def test_targets_below_one_the_solver_met_nothing_of_in_its_time_are_not_solved(
     # a lower target's selections are a subset of a higher one's: once the solver
     # ran out of time at a target with nothing met, lower ones get the plan of
     # least peak found then, with no solve of their own
-    planner_module.forget_planners()
-    ws, x = _inputs(3)
-    remat.plan(jax.grad(_loss), ws, x, memory_limit=0.9, small_node_limit=0,
-               algorithm="optimal")
-    [planner] = planner_module._PLANNERS.values()
-    column = planner._column("optimal", 0)
+    column = _optimal_column()
     solves = []
     timed_out = types.SimpleNamespace(x=None, status=1, message="Time limit reached.",
                                       mip_gap=None, mip_dual_bound=None)
