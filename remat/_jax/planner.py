@@ -282,8 +282,8 @@ class Planner:
         name = algorithm if len(self.orders) == 1 else f"{algorithm}/order {order}"
 
         # optimal, by small-node limit: the highest target no selection met
-        # (none exists, or the solver found none in its time: a lower target's
-        # selections are a subset), and the plan of least peak found then
+        # (none exists, or none the solver found in its time met it: a lower
+        # target's selections are a subset), and the plan of least peak found then
         out_of_reach: dict[int, tuple[int, Candidate]] = {}
         planned: dict[int, Candidate] = {}     # by target (a relowered column asks too)
         seconds = self.options.solver_seconds

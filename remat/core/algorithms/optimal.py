@@ -83,9 +83,10 @@ def plan_optimal(scheduled: Scheduled, options: RematOptions,
     """Plans with the ``"optimal"`` algorithm (see the module docstring).
 
     ``least_peak``: the plan of least peak found before on the same schedule (an
-    ``"infeasible"`` result for a lower limit); returned, with this limit, for a
-    limit no selection meets, instead of searching for it again. That search is
-    the slow part of a limit out of reach: it runs to the time limit.
+    ``"infeasible"`` or ``"time_limit"`` result for another limit); returned, with
+    this limit, for a limit no selection meets, instead of searching for it
+    again. That search is the slow part of a limit out of reach: it runs to the
+    time limit.
     """
     limit = options.model_target_bytes
     clock = time.perf_counter()
