@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 from remat._jax.compat import core
@@ -137,7 +138,8 @@ class Planner:
             written = Measured.of(program, planned_nothing, program.as_written, 0)
             self.baseline = written.footprint
         self.compile_seconds += time.perf_counter() - t
-        self._floors: dict[tuple[int, int, str], int] = {}
+        start = time.perf_counter()     # the columns (floors, rungs): planning too
+        self._floors: dict[tuple[int, int, Callable], int] = {}
         # Where the platform's default lowering gates regions (its convolutions
         # then read late), the plans' other convolutions may read late too: decided
         # by XLA's figure of the plain program so rewritten, at the first limit
@@ -186,6 +188,7 @@ class Planner:
             self._other_compiles += 1
             self.frontier.update(Point(("as written",), written.footprint.total,
                                        self._own_flops(), "as written", written))
+        self.plan_seconds += time.perf_counter() - start
 
     def _decide_reading_late(self) -> None:
         """Compiles the plain program with its convolutions reading late
@@ -254,11 +257,10 @@ class Planner:
 
     def floor(self, order: int, small: int, algorithm: str) -> int:
         """The planner's floor on an order with a small-node limit (model bytes)."""
-        key = (order, small, algorithm)
+        key = (order, small, may_recompute(algorithm))    # algorithms share it
         if key not in self._floors:
             self._floors[key] = planner_floor(self.program.graph,
-                                              self.orders[order].timeline, small,
-                                              may_recompute(algorithm))
+                                              self.orders[order].timeline, small, key[2])
         return self._floors[key]
 
     def small_node_bytes(self, order: int, target: int, algorithm: str) -> int:
