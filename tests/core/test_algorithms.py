@@ -209,6 +209,42 @@ def test_replayed_sweeps_give_the_plans_fresh_sweeps_give(seed, name):
     assert max(replays) > 0    # trajectories were there to replay
 
 
+@pytest.mark.parametrize("name", ["standard", "path"])
+def test_sweeps_under_a_small_node_limit_replay_those_under_none(name, monkeypatch):
+    # Under a default small-node limit the heuristics plan under none too, that
+    # one first; where its sweep dropped no value under the limit, the limit's
+    # sweep copies it. Plans must be those of sweeping under each limit afresh.
+    from remat.core.algorithms import sweep
+    from .random_graphs import random_dag
+    real_shared = sweep._shared
+    copies = []
+
+    def counting(*args):
+        copy = real_shared(*args)
+        copies.append(copy is not None)
+        return copy
+
+    for seed in range(8):
+        g = random_dag(seed, num_ops=50, window=8)
+        order = g.topological_order
+        tl = on_schedule(g, order).timeline
+        fixed = tl.input_bytes + tl.output_bytes
+        for small in (64, 512, 4096):
+            options = [RematOptions(int(fixed + f * (tl.peak_bytes - fixed)), name,
+                                    small_node_bytes=small) for f in (0.7, 0.4, 0.2)]
+            monkeypatch.setattr(sweep, "_shared", counting)
+            shared_state = on_schedule(g, order)
+            shared = [get_algorithm(name)(shared_state, o) for o in options]
+            monkeypatch.setattr(sweep, "_shared", lambda *args: None)
+            fresh_state = on_schedule(g, order)
+            fresh = [get_algorithm(name)(fresh_state, o) for o in options]
+            assert [(r.regions, r.extra_flops, r.timeline.peak_bytes,
+                     r.small_node_bytes) for r in shared] == [
+                (r.regions, r.extra_flops, r.timeline.peak_bytes, r.small_node_bytes)
+                for r in fresh]
+    assert any(copies) and not all(copies)     # both cases were met
+
+
 def test_a_plan_that_cannot_be_realized_is_reported_not_raised():
     # On this DAG at 30% the engine's regions once could not be ordered (a rebuild
     # read a value its own block defines later) and the planner raised PlanError;

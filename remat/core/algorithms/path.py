@@ -20,7 +20,7 @@ from ..options import RematOptions
 from .greedy import give_back, run_greedy
 from ..scheduled import Scheduled
 from .recomputable import recomputable
-from .result import PlanResult, cheapest_consolidated, small_node_variants, tagged
+from .result import PlanResult, cheapest_consolidated, per_small_node_variant
 from .sweep import Strategy
 
 __all__ = ["plan_path"]
@@ -29,7 +29,5 @@ __all__ = ["plan_path"]
 def plan_path(scheduled: Scheduled, options: RematOptions) -> PlanResult:
     """Plans with the ``"path"`` algorithm (see the module docstring)."""
     whole_paths = Strategy(allows=recomputable, start_depth=options.max_chain_ops)
-    return cheapest_consolidated(scheduled, [
-        tagged(run_greedy(scheduled, opts, [whole_paths], keep=give_back,
-                          consolidate=False), opts)
-        for opts in small_node_variants(options)])
+    return cheapest_consolidated(scheduled, per_small_node_variant(options, lambda opts: [
+        run_greedy(scheduled, opts, [whole_paths], keep=give_back, consolidate=False)]))

@@ -18,7 +18,7 @@ the cheapest consolidated one.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..options import RematOptions
 from ..plan import Region, Rewritten
@@ -27,7 +27,7 @@ from ..simulate import Timeline
 from .consolidate import merge_regions_simulated
 
 __all__ = ["PlanResult", "best_of", "consolidated", "cheapest_consolidated",
-           "small_node_variants", "tagged"]
+           "per_small_node_variant", "small_node_variants", "tagged"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +134,18 @@ def consolidated(scheduled: Scheduled, result: PlanResult, within: int) -> PlanR
         return result
     rw, tl = simulated
     return dataclasses.replace(result, regions=tuple(rw.regions), rewritten=rw, timeline=tl)
+
+
+def per_small_node_variant(options: RematOptions,
+                           plan: Callable[[RematOptions], list[PlanResult]]
+                           ) -> list[PlanResult]:
+    """``plan``'s results under each of :func:`small_node_variants` in turn,
+    :func:`tagged`. The variant under no small-node limit is planned first: where
+    its sweeps drop no value under the other's limit, the other's sweeps replay
+    them instead of sweeping again (:mod:`~remat.core.algorithms.sweep`)."""
+    variants = small_node_variants(options)
+    planned = [[tagged(r, opts) for r in plan(opts)] for opts in reversed(variants)]
+    return [r for results in reversed(planned) for r in results]
 
 
 def tagged(result: PlanResult, options: RematOptions) -> PlanResult:

@@ -23,7 +23,7 @@ from ..options import RematOptions
 from ..scheduled import Scheduled
 from .greedy import give_back, run_greedy
 from .recomputable import recomputable
-from .result import PlanResult, cheapest_consolidated, small_node_variants, tagged
+from .result import PlanResult, cheapest_consolidated, per_small_node_variant
 from .sweep import Strategy
 
 __all__ = ["plan_standard", "STANDARD"]
@@ -36,7 +36,6 @@ STANDARD_WIDE = Strategy(allows=recomputable, start_depth=8)
 
 def plan_standard(scheduled: Scheduled, options: RematOptions) -> PlanResult:
     """Plans with the ``"standard"`` algorithm (see the module docstring)."""
-    return cheapest_consolidated(scheduled, [
-        tagged(run_greedy(scheduled, opts, [start], keep=give_back, consolidate=False),
-               opts)
-        for opts in small_node_variants(options) for start in (STANDARD, STANDARD_WIDE)])
+    return cheapest_consolidated(scheduled, per_small_node_variant(options, lambda opts: [
+        run_greedy(scheduled, opts, [start], keep=give_back, consolidate=False)
+        for start in (STANDARD, STANDARD_WIDE)]))

@@ -19,7 +19,9 @@ target, only where it stops, so each graph on an order (its
 :class:`~remat.core.scheduled.Scheduled`) keeps each phase's sweep (a
 :class:`Trajectory`) and later sweeps, re-aimed or for another target, replay it
 and go on from its end (:func:`swept`). Replaying gives the plan a fresh sweep
-gives.
+gives. A sweep under a small-node limit starts from a copy of the one under a
+lower limit where that one dropped no value the higher limit rules out
+(:func:`_shared`): the heuristics plan under none first, then under the default.
 """
 
 from __future__ import annotations
@@ -278,7 +280,10 @@ def swept(scheduled: Scheduled, merge_segments: bool, target: int,
     for n, strategy in enumerate(phases):
         key = (tuple(phases[:n + 1]), merge_segments, options.small_node_bytes,
                options.max_chain_ops)
-        trajectory = known.setdefault(key, Trajectory(depth=strategy.start_depth))
+        if key not in known:
+            known[key] = _shared(known, key, scheduled.graph) or Trajectory(
+                depth=strategy.start_depth)
+        trajectory = known[key]
         for k, drop in enumerate(trajectory.drops):
             if trajectory.peaks[k] <= target:
                 return est
@@ -291,6 +296,25 @@ def swept(scheduled: Scheduled, merge_segments: bool, target: int,
                 return est
     est.exhausted = True
     return est
+
+
+def _shared(known: dict, key: tuple, graph: Graph) -> Trajectory | None:
+    """A copy of the trajectory swept under a lower small-node limit, if it
+    serves ``key``'s: where that sweep (and those of the phases before it, the
+    same under both limits) dropped no value under ``key``'s limit, a sweep under
+    ``key``'s limit takes the same drops. Each step takes the first drop, best
+    first, that does not raise the peak elsewhere; the values a higher limit
+    rules out were never taken, and ruling them out leaves the others' order."""
+    phases, merge, small, max_chain = key
+    for (other_phases, other_merge, other_small, other_chain), t in known.items():
+        if (other_phases == phases and other_merge == merge and other_small < small
+                and other_chain == max_chain
+                and all(graph.values[d.value].nbytes >= small for d in t.drops)
+                and all(known.get((phases[:m], merge, small, max_chain)) ==
+                        known.get((phases[:m], merge, other_small, max_chain))
+                        for m in range(1, len(phases)))):
+            return Trajectory(list(t.drops), list(t.peaks), t.depth, t.exhausted)
+    return None
 
 
 def _first_kept(est: Estimate, drops: list[Drop], peak_bytes: int) -> Drop | None:
