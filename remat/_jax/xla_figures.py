@@ -68,11 +68,15 @@ class XlaFootprint:
 
     @classmethod
     def of(cls, compiled) -> "XlaFootprint":
-        """The figures of a ``jax.stages.Compiled``."""
+        """The figures of a ``jax.stages.Compiled``. Library workspaces are
+        looked for on GPUs only (printing a big module's text takes tens of
+        milliseconds, once per plan the search compiles)."""
         m = compiled.memory_analysis()
+        scratch = (library_scratch_bytes(compiled.as_text())
+                   if _platforms(compiled) & _LIBRARY_PLATFORMS else 0)
         return cls(m.argument_size_in_bytes, m.output_size_in_bytes,
                    m.temp_size_in_bytes, m.alias_size_in_bytes,
-                   min(library_scratch_bytes(compiled.as_text()), m.temp_size_in_bytes))
+                   min(scratch, m.temp_size_in_bytes))
 
     def limit_bytes(self, limit: int | float) -> int:
         """A ``memory_limit`` in bytes: as given, or for a fraction, the fixed bytes
@@ -86,11 +90,23 @@ class XlaFootprint:
         return limit
 
 
+#: Platforms whose library calls (cuBLAS, cuDNN, their ROCm peers) take workspaces.
+_LIBRARY_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
+
+
+def _devices(compiled: Any) -> set:
+    shardings = [*jax.tree.leaves(compiled.input_shardings),
+                 *jax.tree.leaves(compiled.output_shardings)]
+    return set().union(*(s.device_set for s in shardings)) or {jax.devices()[0]}
+
+
+def _platforms(compiled: Any) -> set[str]:
+    return {d.platform for d in _devices(compiled)}
+
+
 def single_platform(compiled: Any) -> str | None:
     """The platform of a compiled program that runs on one device; None for one
     partitioned over several (whose regions the default lowering does not gate:
     see ``lowering._default_on``)."""
-    shardings = [*jax.tree.leaves(compiled.input_shardings),
-                 *jax.tree.leaves(compiled.output_shardings)]
-    devices = set().union(*(s.device_set for s in shardings)) or {jax.devices()[0]}
+    devices = _devices(compiled)
     return next(iter(devices)).platform if len(devices) == 1 else None

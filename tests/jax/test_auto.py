@@ -524,3 +524,18 @@ def test_a_plan_draws_one_opaque_predicate_for_all_its_regions():
     assert plan.met and len(plan.result.regions) >= 3
     step = remat.jit(jax.value_and_grad(_loss), memory_limit=0.4, small_node_limit=0)
     assert step.lower(ws, x).as_text().count("stablehlo.rng ") == 1
+
+
+def test_library_scratch_is_looked_for_on_gpus_only():
+    # On the CPU no library call takes a workspace: the module's text is not
+    # printed (tens of milliseconds for a big program, once per plan compiled).
+    compiled = jax.jit(lambda a: a @ a.T).lower(jnp.ones((64, 32))).compile()
+
+    class NoText:
+        def __getattr__(self, name):
+            if name == "as_text":
+                raise AssertionError("as_text called on the CPU")
+            return getattr(compiled, name)
+
+    fp = XlaFootprint.of(NoText())
+    assert fp.scratch == 0 and fp.total == XlaFootprint.of(compiled).total > 0
