@@ -12,8 +12,13 @@ the bytes the temp heap's buffers hold at each point of XLA's own schedule.
 * the 12-layer chain: the optimum's plan;
 * the small U-Net: ``path``'s plans for targets from the planner's floor up.
 
+Then what the heap holds where it holds most, buffer by buffer, named by the JAX
+primitive that defined each (``op_name``), beside what the model holds at its
+peak: the transformer at 50% and the U-Net at 30%, as written and ``path``'s plan
+at the search's first target.
+
 Run from the repository root: ``python -m bench.bench_heap``. Writes
-``bench/results/heap.md``.
+``bench/results/heap.md`` and ``bench/results/heap_peak.md``.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ _TARGET_STEP = 0.0025
 _VALUE = re.compile(r"value: <\d+ (\S+?)(\{[^}]*\})?(?: \(phi\))? @0> "
                     r"\(size=(\d+),offset=(\d+)\)")
 _RANGE = re.compile(r"^\s+(\S+?)(\{[^}]*\}):(\d+)-(\d+)$", re.M)
+_OP_NAME = re.compile(r'^\s*(?:ROOT )?%?(\S+) = .*?op_name="([^"]*)"', re.M)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +79,13 @@ def read_heap(buffer_assignment: str, live_ranges: str) -> Heap:
     >>> read_heap(assignment, ranges)
     Heap(temp_bytes=96, live_bytes=64)
     """
+    temp, spans = _spans(buffer_assignment, live_ranges)
+    return Heap(temp, _most_held(spans)[0])
+
+
+def _spans(buffer_assignment: str, live_ranges: str) -> tuple[int, list[tuple]]:
+    """The temp heap's size, and each of its buffers as (first step, last step,
+    offset, end offset, instruction name) in XLA's schedule."""
     temp, spans = 0, []
     ranges = {(m[1], m[2]): (int(m[3]), int(m[4]))
               for m in _RANGE.finditer(live_ranges.split("BufferLiveRange:")[-1])}
@@ -85,28 +98,106 @@ def read_heap(buffer_assignment: str, live_ranges: str) -> Heap:
             start, end = ranges.get((m[1], m[2] or "{}"), (None, None))
             if start is not None:
                 offset = int(m[4])
-                spans.append((start, end, offset, offset + int(m[3])))
-    if not spans:
-        return Heap(temp, 0)
-    live = 0
-    for t in range(max(end for _, end, _, _ in spans) + 1):
+                spans.append((start, end, offset, offset + int(m[3]), m[1]))
+    return temp, spans
+
+
+def _most_held(spans: list[tuple]) -> tuple[int, int]:
+    """The most bytes the buffers hold at one step (the union of their offsets),
+    and the first step where they do (-1 without buffers)."""
+    most, where = 0, -1
+    for t in range(max((end for _, end, *_ in spans), default=-1) + 1):
         held, top = 0, -1
-        for lo, hi in sorted((lo, hi) for s, e, lo, hi in spans if s <= t <= e):
+        for lo, hi in sorted((lo, hi) for s, e, lo, hi, _ in spans if s <= t <= e):
             held += max(hi - max(lo, top), 0)
             top = max(top, hi)
-        live = max(live, held)
-    return Heap(temp, live)
+        if held > most:
+            most, where = held, t
+    return most, where
+
+
+def held_at_peak(buffer_assignment: str, live_ranges: str, hlo_text: str
+                 ) -> dict[tuple[str, int], list[int]]:
+    """What XLA's temp heap holds where it holds most: ``{(op, bytes): [buffers,
+    bytes]}``, ``op`` the JAX primitive that defined each buffer (the last part
+    of its instruction's ``op_name``, as the optimized HLO text gives it), or
+    for an instruction XLA added (no ``op_name``: a copy), its name's stem.
+
+    >>> assignment = '''allocation 0: size 96, preallocated-temp:
+    ...  value: <1 a @0> (size=32,offset=0): f32[8]
+    ...  value: <2 b @0> (size=32,offset=64): f32[8]
+    ... '''
+    >>> hlo = '%a = f32[8]{0} exp(%x), metadata={op_name="jit(f)/jvp()/exp"}\\n'
+    >>> held_at_peak(assignment, 'BufferLiveRange:\\n  a{}:0-1\\n  b{}:1-2\\n', hlo)
+    {('exp', 32): [1, 32], ("XLA's b", 32): [1, 32]}
+    """
+    _, spans = _spans(buffer_assignment, live_ranges)
+    _, step = _most_held(spans)
+    ops = {m[1]: m[2].rsplit("/", 1)[-1] for m in _OP_NAME.finditer(hlo_text)}
+    held: dict[tuple[str, int], list[int]] = {}
+    for start, end, lo, hi, name in spans:
+        if start <= step <= end:
+            op = ops.get(name) or "XLA's " + re.sub(r"[.\d]+$", "", name)
+            row = held.setdefault((op, hi - lo), [0, 0])
+            row[0] += 1
+            row[1] += hi - lo
+    return held
 
 
 def heap_of(lowered) -> Heap:
     """Compiles ``lowered`` (a ``jax.stages.Lowered``) with XLA's dump on and reads
     its temp heap (:func:`read_heap`)."""
+    assignment, ranges, _ = dumped(lowered)
+    return read_heap(assignment, ranges)
+
+
+def dumped(lowered) -> tuple[str, str, str]:
+    """Compiles ``lowered`` with XLA's dump on: its buffer assignment, live
+    ranges and optimized HLO, as text."""
     with tempfile.TemporaryDirectory() as out:
         lowered.compile(compiler_options={"xla_dump_to": out})
         [assignment] = pathlib.Path(out).glob("*-buffer-assignment.txt")
-        ranges = assignment.with_name(
-            assignment.name.replace("-buffer-assignment.txt", "-live-range.txt"))
-        return read_heap(assignment.read_text(), ranges.read_text())
+        ranges, hlo = (assignment.with_name(assignment.name.replace(
+            "-buffer-assignment.txt", tail)) for tail in ("-live-range.txt", ".txt"))
+        return assignment.read_text(), ranges.read_text(), hlo.read_text()
+
+
+def model_held_at_peak(result) -> dict[tuple[str, int], list[int]]:
+    """What the planner's model holds at its peak besides the program's inputs
+    and outputs (XLA's temp heap holds neither), as :func:`held_at_peak` gives
+    XLA's: ``{(op, bytes): [values, bytes]}`` (``result``: a ``PlanResult``)."""
+    graph, timeline = result.rewritten.graph, result.timeline
+    defined_by = {v: op.label for op in graph.ops for v in op.outputs}
+    outside = set(graph.inputs) | set(graph.outputs)
+    held: dict[tuple[str, int], list[int]] = {}
+    for v in timeline.live_values_at(graph, timeline.peak_step):
+        if v not in outside:
+            row = held.setdefault((defined_by[v], graph.values[v].nbytes), [0, 0])
+            row[0] += 1
+            row[1] += graph.values[v].nbytes
+    return held
+
+
+def composition_rows(name: str, xla: dict, model: dict, top: int = 10) -> list[str]:
+    """Table rows comparing what XLA and the model hold at their peaks, by the op
+    defining each buffer and its size: the ``top`` largest differences, then
+    the rest and the totals."""
+    keys = sorted(set(xla) | set(model), key=lambda k: -abs(
+        xla.get(k, [0, 0])[1] - model.get(k, [0, 0])[1]))
+    mib = 2 ** 20
+
+    def row(label, x, m):
+        return (f"| {name} | {label} | {x[0]} | {x[1] / mib:,.1f} | {m[0]} | "
+                f"{m[1] / mib:,.1f} | {(x[1] - m[1]) / mib:+,.1f} |")
+
+    def total(keys_, table):
+        return [sum(table.get(k, [0, 0])[i] for k in keys_) for i in (0, 1)]
+
+    lines = [row(f"{op} ({size / 1024:,.0f} KiB)", xla.get((op, size), [0, 0]),
+                 model.get((op, size), [0, 0])) for op, size in keys[:top]]
+    lines.append(row("the rest", total(keys[top:], xla), total(keys[top:], model)))
+    lines.append(row("**total**", total(keys, xla), total(keys, model)))
+    return lines
 
 
 def _planner(model, algorithm: str, fraction: float) -> tuple[Planner, int]:
@@ -117,6 +208,7 @@ def _planner(model, algorithm: str, fraction: float) -> tuple[Planner, int]:
     options = resolve_options({"memory_limit": fraction, "algorithm": algorithm,
                                "small_node_limit": 0}, {})
     planner = Planner(program, options)
+    planner._decide_reading_late()      # as the search does for a limit below plain
     return planner, planner.baseline.limit_bytes(fraction)
 
 
@@ -155,6 +247,10 @@ HEADER = ("| program | algorithm | target (model, KiB) | model peak (KiB) | regi
           "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|")
 
 
+PEAK_HEADER = ("| program | defined by (buffer size) | XLA buffers | XLA MiB | model values "
+               "| model MiB | XLA - model (MiB) |\n|---|---|---:|---:|---:|---:|---:|")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--unet_plans", type=int, default=10,
@@ -183,6 +279,30 @@ def main() -> None:
               "plan per target (the first order), distinct plans only.\n\n")
     result_file("heap").write_text("# XLA's temp heap\n\n" + header + HEADER + "\n" +
                                    "\n".join(lines) + "\n")
+
+    # What XLA and the model hold at their peaks: as written, and path's plan at
+    # the search's start (the estimate of the limit)
+    lines = []
+    for name, model, fraction in (("transformer", models.transformer(), 0.5),
+                                  ("unet", models.unet(levels=3, batch=4, size=32,
+                                                       base_channels=8), 0.3)):
+        planner, limit = _planner(model, "path", fraction)
+        column = planner.frontier.columns[0]
+        start = column.rungs[planner.frontier.start(0, limit)]
+        plan = planner._measure(column.plan(start)).payload
+        for label, measured in ((f"{name} as written", planner.frontier.plain.payload),
+                                (f"{name}, path at {fraction:.0%}", plan)):
+            assignment, ranges, hlo = dumped(planner.program.lower(measured.jaxpr))
+            lines += composition_rows(label, held_at_peak(assignment, ranges, hlo),
+                                      model_held_at_peak(measured.result))
+            print("\n".join(lines[-3:]), flush=True)
+    result_file("heap_peak").write_text(
+        "# What XLA and the model hold at their peaks\n\n"
+        f"Device: {jax.devices()[0].platform}, jax {jax.__version__}; XLA: its temp "
+        "heap's buffers at the step of its schedule where they hold most, by the "
+        "JAX primitive that defined each (its `op_name`); model: the values live at "
+        "its peak, inputs and outputs left out; small_node_limit=0.\n\n"
+        + PEAK_HEADER + "\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

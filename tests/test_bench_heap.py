@@ -26,3 +26,20 @@ def test_heap_of_a_compiled_program_matches_memory_analysis():
     # the forward's activations (128 KiB each) are held for the backward at once
     assert heap.temp_bytes == temp and 4 * 128 * 1024 <= heap.live_bytes <= temp
     assert heap.holes == heap.temp_bytes - heap.live_bytes >= 0
+
+
+def test_what_xla_holds_at_its_peak_is_named_by_the_primitives_that_defined_it():
+    def f(x, w):
+        for _ in range(4):
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x)
+
+    x, w = jnp.ones((256, 128)), jnp.ones((128, 128)) / 128
+    lowered = jax.jit(jax.grad(f, argnums=1)).lower(x, w)
+    assignment, ranges, hlo = bench_heap.dumped(lowered)
+    held = bench_heap.held_at_peak(assignment, ranges, hlo)
+    heap = bench_heap.read_heap(assignment, ranges)
+    # buffers that share offsets count once in the heap, each in the table
+    assert sum(b for _, b in held.values()) >= heap.live_bytes > 0
+    # the saved activations (128 KiB each) are tanh's outputs
+    assert any(op == "tanh" and size == 128 * 1024 for op, size in held)
