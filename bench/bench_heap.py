@@ -137,11 +137,16 @@ def held_at_peak(buffer_assignment: str, live_ranges: str, hlo_text: str
     held: dict[tuple[str, int], list[int]] = {}
     for start, end, lo, hi, name in spans:
         if start <= step <= end:
-            op = ops.get(name) or "XLA's " + re.sub(r"[.\d]+$", "", name)
-            row = held.setdefault((op, hi - lo), [0, 0])
-            row[0] += 1
-            row[1] += hi - lo
+            _tally(held, ops.get(name) or "XLA's " + re.sub(r"[.\d]+$", "", name),
+                   hi - lo)
     return held
+
+
+def _tally(held: dict, op: str, nbytes: int) -> None:
+    """Counts one buffer of ``nbytes`` defined by ``op`` into ``held``."""
+    row = held.setdefault((op, nbytes), [0, 0])
+    row[0] += 1
+    row[1] += nbytes
 
 
 def heap_of(lowered) -> Heap:
@@ -172,9 +177,7 @@ def model_held_at_peak(result) -> dict[tuple[str, int], list[int]]:
     held: dict[tuple[str, int], list[int]] = {}
     for v in timeline.live_values_at(graph, timeline.peak_step):
         if v not in outside:
-            row = held.setdefault((defined_by[v], graph.values[v].nbytes), [0, 0])
-            row[0] += 1
-            row[1] += graph.values[v].nbytes
+            _tally(held, defined_by[v], graph.values[v].nbytes)
     return held
 
 
