@@ -15,7 +15,8 @@ the bytes the temp heap's buffers hold at each point of XLA's own schedule.
 Then what the heap holds where it holds most, buffer by buffer, named by the JAX
 primitive that defined each (``op_name``), beside what the model holds at its
 peak: the transformer at 50% and the U-Net at 30%, as written and ``path``'s plan
-at the search's first target.
+at the search's first target; and for the programs as written, each buffer mapped
+back to the graph value it holds (each equation lowered under its own name).
 
 Run from the repository root: ``python -m bench.bench_heap``. Writes
 ``bench/results/heap.md`` and ``bench/results/heap_peak.md``.
@@ -33,6 +34,7 @@ import jax
 
 from bench import models
 from bench.output import result_file
+from remat._jax.compat import core
 from remat._jax.planner import Planner
 from remat._jax.program import CallSpec, trace_program
 from remat.core.options import resolve_options
@@ -44,6 +46,8 @@ _VALUE = re.compile(r"value: <\d+ (\S+?)(\{[^}]*\})?(?: \(phi\))? @0> "
                     r"\(size=(\d+),offset=(\d+)\)")
 _RANGE = re.compile(r"^\s+(\S+?)(\{[^}]*\}):(\d+)-(\d+)$", re.M)
 _OP_NAME = re.compile(r'^\s*(?:ROOT )?%?(\S+) = .*?op_name="([^"]*)"', re.M)
+_EQN = re.compile(r"remat_eqn(\d+)")
+_STEP = re.compile(r"^\s+(\d+):(\S+)$", re.M)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +185,74 @@ def model_held_at_peak(result) -> dict[tuple[str, int], list[int]]:
     return held
 
 
+def by_equation(closed):
+    """``closed`` (a ``ClosedJaxpr``) with each equation's name stack ending in
+    ``remat_eqnN``, N its index: XLA's ``op_name`` of each instruction then names
+    the equation, so the planning graph's op, it comes from."""
+    eqns = [e.replace(source_info=e.source_info.replace(
+        name_stack=e.source_info.name_stack.extend(f"remat_eqn{i}")))
+        for i, e in enumerate(closed.jaxpr.eqns)]
+    return core.ClosedJaxpr(closed.jaxpr.replace(eqns=eqns), closed.consts)
+
+
+def grounded_rows(name: str, texts: tuple[str, str, str], graph, timeline,
+                  top: int = 4) -> list[str]:
+    """Table rows: the graph values XLA's temp heap holds where it holds most
+    (``texts``: :func:`dumped` of :func:`by_equation`'s program), beside those
+    the model holds (inputs and outputs aside) at the op XLA runs there: held by
+    both, by XLA only, by the model only (the ``top`` largest kinds of each).
+    A buffer whose equation has no output of its size (a fusion's other output),
+    a second buffer of one value (a broadcast made again) and a buffer of an
+    instruction XLA added count as XLA's only."""
+    assignment, ranges, hlo = texts
+    _, spans = _spans(assignment, ranges)
+    _, step = _most_held(spans)
+    equation = {m[1]: int(_EQN.findall(m[2])[-1]) for m in _OP_NAME.finditer(hlo)
+                if _EQN.search(m[2])}
+    sequence = {int(m[1]): m[2] for m in _STEP.finditer(
+        ranges.split("BufferLiveRange:")[0])}
+    xla: dict = {}          # a graph value, or (label, instruction) for the rest
+    for start, end, lo, hi, inst in spans:
+        if start <= step <= end:
+            op = equation.get(inst)
+            if op is None:      # an instruction XLA added (a copy)
+                key = ("XLA's " + re.sub(r"[.\d]+$", "", inst), inst)
+            else:
+                key = next((v for v in graph.ops[op].outputs
+                            if graph.values[v].nbytes == hi - lo), None)
+                if key is None or key in xla:   # another output, or a second buffer
+                    key = (graph.ops[op].label + ("'s other output" if key is None
+                                                  else " again"), inst)
+            xla[key] = hi - lo
+    at = equation.get(sequence.get(step))
+    outside = set(graph.inputs) | set(graph.outputs)
+    model = {v: graph.values[v].nbytes
+             for v in timeline.live_values_at(graph, timeline.schedule.index(at))
+             if v not in outside} if at is not None else {}
+    mib = 2 ** 20
+
+    def label(key):
+        return key[0] if isinstance(key, tuple) else \
+            graph.ops[graph.values[key].producer].label
+
+    def kinds(keys, sizes):
+        by: dict = {}
+        for k in keys:
+            _tally(by, label(k), sizes[k])
+        rows = sorted(by.items(), key=lambda kv: -kv[1][1])[:top]
+        return ", ".join(f"{op} {n} x {size / 1024:,.0f} KiB" for (op, size), (n, _)
+                         in rows)
+
+    both = set(xla) & set(model)
+    only_xla, only_model = set(xla) - both, set(model) - both
+    where = label(graph.ops[at].outputs[0]) if at is not None and graph.ops[at].outputs \
+        else "?"
+    return [f"| {name} | {where} | {len(both)}: {sum(xla[k] for k in both) / mib:,.1f} | "
+            f"{sum(xla[k] for k in only_xla) / mib:,.1f}: {kinds(only_xla, xla)} | "
+            f"{sum(model[k] for k in only_model) / mib:,.1f}: "
+            f"{kinds(only_model, model)} |"]
+
+
 def composition_rows(name: str, xla: dict, model: dict, top: int = 10) -> list[str]:
     """Table rows comparing what XLA and the model hold at their peaks, by the op
     defining each buffer and its size: the ``top`` largest differences, then
@@ -254,6 +326,10 @@ PEAK_HEADER = ("| program | defined by (buffer size) | XLA buffers | XLA MiB | m
                "| model MiB | XLA - model (MiB) |\n|---|---|---:|---:|---:|---:|---:|")
 
 
+GROUNDED_HEADER = ("| program | op at XLA's peak | values both hold: MiB | XLA only: MiB "
+                   "| model only: MiB |\n|---|---|---|---|---|")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--unet_plans", type=int, default=10,
@@ -285,7 +361,7 @@ def main() -> None:
 
     # What XLA and the model hold at their peaks: as written, and path's plan at
     # the search's start (the estimate of the limit)
-    lines = []
+    lines, grounded = [], []
     for name, model, fraction in (("transformer", models.transformer(), 0.5),
                                   ("unet", models.unet(levels=3, batch=4, size=32,
                                                        base_channels=8), 0.3)):
@@ -299,13 +375,24 @@ def main() -> None:
             lines += composition_rows(label, held_at_peak(assignment, ranges, hlo),
                                       model_held_at_peak(measured.result))
             print("\n".join(lines[-3:]), flush=True)
+        # the program as written, each buffer mapped back to its graph value
+        program = planner.program
+        texts = dumped(program.lower(by_equation(program.flat)))
+        grounded += grounded_rows(name, texts, program.graph, planner.orders[0].timeline)
+        print(grounded[-1], flush=True)
     result_file("heap_peak").write_text(
         "# What XLA and the model hold at their peaks\n\n"
         f"Device: {jax.devices()[0].platform}, jax {jax.__version__}; XLA: its temp "
         "heap's buffers at the step of its schedule where they hold most, by the "
         "JAX primitive that defined each (its `op_name`); model: the values live at "
         "its peak, inputs and outputs left out; small_node_limit=0.\n\n"
-        + PEAK_HEADER + "\n" + "\n".join(lines) + "\n")
+        + PEAK_HEADER + "\n" + "\n".join(lines) + "\n\n"
+        "## As written, by graph value\n\n"
+        "Each equation lowered under its own name (`remat_eqnN`), so each XLA "
+        "buffer at XLA's peak maps to the graph value it holds; the model's live "
+        "values are taken at the op XLA runs there. MiB, and the largest kinds as "
+        "defining op, count x size.\n\n" + GROUNDED_HEADER + "\n" +
+        "\n".join(grounded) + "\n")
 
 
 if __name__ == "__main__":

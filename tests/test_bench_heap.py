@@ -1,6 +1,7 @@
 """bench.bench_heap reads XLA's temp heap from its buffer-assignment dump."""
 
 import doctest
+import types
 
 import jax
 import jax.numpy as jnp
@@ -43,3 +44,24 @@ def test_what_xla_holds_at_its_peak_is_named_by_the_primitives_that_defined_it()
     assert sum(b for _, b in held.values()) >= heap.live_bytes > 0
     # the saved activations (128 KiB each) are tanh's outputs
     assert any(op == "tanh" and size == 128 * 1024 for op, size in held)
+
+
+def test_buffers_at_xlas_peak_map_back_to_the_values_of_the_graph():
+    # Each equation lowered under its own name: XLA's buffers at its peak are the
+    # graph's values; on a chain of tanh layers, the saved activations (128 KiB
+    # each) are held by XLA and the model alike.
+    def loss(w, x):
+        for _ in range(4):
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x)
+
+    model = types.SimpleNamespace(params=jnp.ones((128, 128)) / 128,
+                                  batch=jnp.ones((256, 128)), loss_fn=loss)
+    planner, _ = bench_heap._planner(model, "path", 0.5)
+    program = planner.program
+    texts = bench_heap.dumped(program.lower(bench_heap.by_equation(program.flat)))
+    assert "remat_eqn0" in texts[2]
+    [row] = bench_heap.grounded_rows("chain", texts, program.graph,
+                                     planner.orders[0].timeline)
+    both = row.split(" | ")[2]
+    assert int(both.split(":")[0]) >= 3        # three saved activations at least
