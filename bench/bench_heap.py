@@ -207,8 +207,10 @@ def grounded_rows(name: str, texts: tuple[str, str, str], graph, timeline,
     assignment, ranges, hlo = texts
     _, spans = _spans(assignment, ranges)
     _, step = _most_held(spans)
-    equation = {m[1]: int(_EQN.findall(m[2])[-1]) for m in _OP_NAME.finditer(hlo)
-                if _EQN.search(m[2])}
+    equation = {}           # instruction -> the innermost equation its op_name names
+    for m in _OP_NAME.finditer(hlo):
+        if found := _EQN.findall(m[2]):
+            equation[m[1]] = int(found[-1])
     sequence = {int(m[1]): m[2] for m in _STEP.finditer(
         ranges.split("BufferLiveRange:")[0])}
     xla: dict = {}          # a graph value, or (label, instruction) for the rest
@@ -245,8 +247,7 @@ def grounded_rows(name: str, texts: tuple[str, str, str], graph, timeline,
 
     both = set(xla) & set(model)
     only_xla, only_model = set(xla) - both, set(model) - both
-    where = label(graph.ops[at].outputs[0]) if at is not None and graph.ops[at].outputs \
-        else "?"
+    where = graph.ops[at].label if at is not None else "?"
     return [f"| {name} | {where} | {len(both)}: {sum(xla[k] for k in both) / mib:,.1f} | "
             f"{sum(xla[k] for k in only_xla) / mib:,.1f}: {kinds(only_xla, xla)} | "
             f"{sum(model[k] for k in only_model) / mib:,.1f}: "
