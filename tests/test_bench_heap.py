@@ -9,19 +9,23 @@ import jax.numpy as jnp
 from bench import bench_heap
 
 
+#: A chain of four tanh layers, batch 256, width 128: each activation is 128 KiB.
+W, X = jnp.ones((128, 128)) / 128, jnp.ones((256, 128))
+
+
+def _chain(w, x):
+    for _ in range(4):
+        x = jnp.tanh(x @ w)
+    return jnp.sum(x)
+
+
 def test_docstring_examples():
     result = doctest.testmod(bench_heap, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
 
 
 def test_heap_of_a_compiled_program_matches_memory_analysis():
-    def f(x, w):
-        for _ in range(4):
-            x = jnp.tanh(x @ w)
-        return jnp.sum(x)
-
-    x, w = jnp.ones((256, 128)), jnp.ones((128, 128)) / 128
-    lowered = jax.jit(jax.grad(f, argnums=1)).lower(x, w)
+    lowered = jax.jit(jax.grad(_chain)).lower(W, X)
     heap = bench_heap.heap_of(lowered)
     temp = lowered.compile().memory_analysis().temp_size_in_bytes
     # the forward's activations (128 KiB each) are held for the backward at once
@@ -30,13 +34,7 @@ def test_heap_of_a_compiled_program_matches_memory_analysis():
 
 
 def test_what_xla_holds_at_its_peak_is_named_by_the_primitives_that_defined_it():
-    def f(x, w):
-        for _ in range(4):
-            x = jnp.tanh(x @ w)
-        return jnp.sum(x)
-
-    x, w = jnp.ones((256, 128)), jnp.ones((128, 128)) / 128
-    lowered = jax.jit(jax.grad(f, argnums=1)).lower(x, w)
+    lowered = jax.jit(jax.grad(_chain)).lower(W, X)
     assignment, ranges, hlo = bench_heap.dumped(lowered)
     held = bench_heap.held_at_peak(assignment, ranges, hlo)
     heap = bench_heap.read_heap(assignment, ranges)
@@ -50,13 +48,7 @@ def test_buffers_at_xlas_peak_map_back_to_the_values_of_the_graph():
     # Each equation lowered under its own name: XLA's buffers at its peak are the
     # graph's values; on a chain of tanh layers, the saved activations (128 KiB
     # each) are held by XLA and the model alike.
-    def loss(w, x):
-        for _ in range(4):
-            x = jnp.tanh(x @ w)
-        return jnp.sum(x)
-
-    model = types.SimpleNamespace(params=jnp.ones((128, 128)) / 128,
-                                  batch=jnp.ones((256, 128)), loss_fn=loss)
+    model = types.SimpleNamespace(params=W, batch=X, loss_fn=_chain)
     planner, _ = bench_heap._planner(model, "path", 0.5)
     program = planner.program
     texts = bench_heap.dumped(program.lower(bench_heap.by_equation(program.flat)))
