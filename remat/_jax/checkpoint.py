@@ -40,7 +40,11 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
     compiler cannot undo.
 
     Arguments:
-      fun: the function to checkpoint; any pytrees in and out.
+      fun: the function to checkpoint; any pytrees in and out. A change it
+        makes to its arguments (a field or item of a mutable one set anew, as a
+        Flax NNX variable's update does) must also be returned: only results
+        come out, so else it would be lost, and a ``ValueError`` says so
+        (``jax.checkpoint`` drops it silently). ``remat.nnx.remat`` carries it.
       prevent_cse: protect the recomputation from being merged back into the
         forward pass (a bool, or one bool per positional argument pytree). Turning
         it off is only safe where a loop already separates the two (``lax.scan``).
@@ -346,6 +350,7 @@ def _trace(fun, in_tree, in_avals, ref_kinds, dbg):
     def flat_fun(*flat):
         args, kwargs = jax.tree_util.tree_unflatten(in_tree, flat)
         out = fun(*args, **kwargs)
+        _check_arguments_kept((args, kwargs), flat, out, dbg)
         _check_outputs(out, dbg)
         flat_out, out_tree = jax.tree_util.tree_flatten(out)
         out_tree_cell.append(out_tree)
@@ -357,6 +362,32 @@ def _trace(fun, in_tree, in_avals, ref_kinds, dbg):
         e.args = (e.args[0] + _CONCRETIZATION_HINT,) + e.args[1:]
         raise
     return jaxpr, consts, out_tree_cell[0]
+
+
+def changed_argument(given, before, outputs) -> str | None:
+    """The path of the first leaf of ``given`` (the arguments, after the function
+    ran) that the function set anew and did not return: none of the leaves
+    ``before`` it ran, nor of its results ``outputs``; None if there is none.
+    Such a change (a Flax NNX variable's update) is lost to a caller that gets
+    only the results."""
+    kept = {id(x) for x in before} | {id(x) for x in jax.tree_util.tree_leaves(outputs)}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(given)[0]:
+        if id(leaf) not in kept:
+            return jax.tree_util.keystr(path[1:])
+    return None
+
+
+def _check_arguments_kept(given, before, outputs, dbg) -> None:
+    path = changed_argument(given, before, outputs)
+    if path is not None:
+        raise ValueError(
+            f"remat.checkpoint: the function {dbg.func_src_info} changed its arguments "
+            f"(argument leaf {path}) and did not return the new value: it set a field "
+            "or item of a mutable argument anew, such as a Flax NNX variable's value "
+            "(an RNG stream's count, batch statistics). Like jax.checkpoint, "
+            "remat.checkpoint returns only the function's results, so the change "
+            "would be lost. Return the new values instead; for Flax NNX modules, use "
+            "remat.nnx.remat, which carries their state in and out.")
 
 
 def _check_outputs(out, dbg) -> None:

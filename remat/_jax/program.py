@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from remat._jax.checkpoint import changed_argument
 from remat._jax.compat import core
 from remat._jax.inline import has_regions, inline_calls
 from remat._jax.shard_map_split import split_shard_maps
@@ -298,7 +299,20 @@ def trace_program(fun: Callable, args: tuple, kwargs: dict, spec: CallSpec,
 
     def flat_fun(*dynamic):
         a, k = split.rebuild(dynamic)
-        return fun(*a, **k)
+        before = jax.tree_util.tree_leaves((a, k))
+        out = fun(*a, **k)
+        path = changed_argument((a, k), before, out)
+        if path is not None:
+            raise ValueError(
+                f"remat.jit: the function changed its arguments (argument leaf {path}) "
+                "and did not return the new value: it set a field or item of a "
+                "mutable argument anew, such as a Flax NNX variable's "
+                "value (an optimizer step, an RNG stream's count). Like jax.jit, "
+                "remat.jit returns only the function's results, so the change would "
+                "be lost. Return the new state: for Flax NNX, split the objects into "
+                "graph and state (nnx.split) before the call, merge them inside, and "
+                "return nnx.state(...) (README, \"Flax NNX\").")
+        return out
 
     closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*split.dynamic)
     flat = split_shard_maps(inline_calls(closed))

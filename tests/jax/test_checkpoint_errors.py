@@ -209,6 +209,37 @@ def test_non_array_output_is_named(out, where):
         remat.checkpoint(out)(1.)
 
 
+def test_changing_an_argument_is_refused():
+    # The change would be lost (remat.checkpoint returns only the results), as it
+    # silently is under jax.checkpoint: a dropout stream's count, a statistic.
+    def fills(cache, x):
+        cache["y"] = x * 2
+        return x
+
+    with pytest.raises(ValueError, match=r"changed its arguments \(argument leaf "
+                                         r"\[0\]\['y'\]\) and did not return.*"
+                                         r"remat\.nnx\.remat"):
+        remat.checkpoint(fills)({"x": jnp.ones(2)}, jnp.ones(2))
+
+    def swaps(state, x):
+        state["x"] = state["x"] + 1.0
+        return x * state["x"]
+
+    with pytest.raises(ValueError, match=r"changed its arguments \(argument leaf "
+                                         r"\[0\]\['x'\]\)"):
+        remat.checkpoint(swaps)({"x": jnp.ones(2)}, jnp.ones(2))
+
+    def returns(state, x):      # the new value is returned: nothing is lost
+        state["x"] = state["x"] + 1.0
+        return x * state["x"], state["x"]
+
+    np.testing.assert_allclose(remat.checkpoint(returns)({"x": jnp.ones(2)}, jnp.ones(2))[1],
+                               [2.0, 2.0])
+    reads = remat.checkpoint(lambda state, x: x * state["x"])
+    np.testing.assert_allclose(jax.grad(lambda x: reads({"x": jnp.full(2, 3.0)}, x).sum())(
+        jnp.ones(2)), [3.0, 3.0])
+
+
 def test_none_output_is_an_empty_pytree():
     assert remat.checkpoint(lambda x: (x, None))(1.) == (1., None)
 

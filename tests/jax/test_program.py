@@ -115,3 +115,17 @@ def test_a_users_checkpoints_do_not_change_what_a_byte_limit_gets(wrap):
     got, want = wrapped(*fresh), jax.jit(_segmented(lambda f: f))(*fresh)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_that_changes_its_arguments_is_refused():
+    # Like jax.jit, remat.jit returns only the results: the change would be lost.
+    def step(state, x):
+        state["w"] = state["w"] - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(
+            state["w"])
+        return jnp.sum(state["w"])
+
+    state, x = {"w": jnp.ones((8, 8))}, jnp.ones((4, 8))
+    with pytest.raises(ValueError, match=r"remat.jit: the function changed its "
+                                         r"arguments \(argument leaf \[0\]\['w'\]\).*"
+                                         r"Return the new state"):
+        remat.plan(step, state, x, memory_limit=0.5)
