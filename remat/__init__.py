@@ -5,8 +5,8 @@ This module only re-exports the public API; the code lives in the submodules.
 The planning core (``remat.core``) needs no JAX, so the JAX-facing names below are
 imported only when JAX can be imported; without JAX, using one of them raises an
 ``ImportError`` that says so, while ``import remat.core.graph`` and the planners work.
-The framework adapters live in ``remat.flax`` and ``remat.equinox``, imported on
-demand (each imports its framework).
+The framework adapters live in ``remat.flax`` (linen), ``remat.nnx`` (Flax NNX) and
+``remat.equinox``, imported on demand (each imports its framework).
 """
 
 _JAX_NAMES = ("MemoryLimitError", "MemoryReport", "Plan", "analyze", "checkpoint",

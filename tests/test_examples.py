@@ -27,6 +27,7 @@ def _losses(out):
     ("examples.flax_scan", ("flax", "optax")),
     ("examples.haiku_train", ("haiku", "optax")),
     ("examples.equinox_train", ("equinox", "optax")),
+    ("examples.nnx_train", ("flax", "optax")),
 ])
 def test_framework_example_trains(module, needs):
     for name in needs:
@@ -36,9 +37,9 @@ def test_framework_example_trains(module, needs):
     assert len(losses) == 3 and all(l == l for l in losses), out   # no NaN
     if "remat plan" in out:
         assert "(met)" in out, out
-    if module == "examples.equinox_train":
-        theirs, ours = (float(line.split()[-2]) for line in out.splitlines()
-                        if "XLA temp" in line)
+    if module in ("examples.equinox_train", "examples.nnx_train"):
+        *_, theirs, ours = (float(line.split()[-2]) for line in out.splitlines()
+                            if "XLA temp" in line)      # the framework's, then ours
         assert ours < theirs, out
 
 
