@@ -5,8 +5,11 @@ Trace the whole program (a loss, its gradient, a train step) and flatten it
 targets the search asks for, rewrite each plan (``rewrite.py``: each region one
 opaque ``remat_p`` equation) and compile it, reading XLA's own footprint
 (``planner.py``); answer the limit with the cheapest compiled plan within it
-(``remat.core.search``). If no plan of the search is within the limit,
-:class:`MemoryLimitError` says what was reached.
+(``remat.core.search``). Differentiated loops are planned first
+(``loop_plan.py``); where the limit is still refused, the body of the largest
+loop that is not differentiated (gradient accumulation, ``loop_body.py``). If no
+plan of the search is within the limit, :class:`MemoryLimitError` says what was
+reached.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import jax
 from remat._flags import flags_from_env
 from remat._jax.compat import core
 from remat._jax.dumps import dump_plan
+from remat._jax.loop_body import plan_inside_loops
 from remat._jax.loop_plan import plan_with_loops
 from remat._jax.plan_record import MemoryLimitError, Plan, _CompiledCall
 from remat._jax.planner import Planner, planner_for
@@ -35,7 +39,18 @@ def plan_program(fun: Callable, args: tuple, kwargs: dict, options: RematOptions
     """Traces ``fun(*args, **kwargs)``, searches, and returns the plan for
     ``options.memory_limit``; raises :class:`MemoryLimitError` if none is within it."""
     program, _ = trace_program(fun, args, kwargs, spec, jit_kwargs)
-    return plan_with_loops(program, options, lambda p, o: _plan_traced(p, o, spec))
+    return _plan_program(program, options, spec)
+
+
+def _plan_program(program: Program, options: RematOptions, spec: CallSpec) -> Plan:
+    """The plan of a traced program: its differentiated loops and the flat
+    program around them; where that is refused, inside its largest loop that is
+    not differentiated (gradient accumulation, ``loop_body.py``)."""
+    try:
+        return plan_with_loops(program, options, lambda p, o: _plan_traced(p, o, spec))
+    except MemoryLimitError as refused:
+        return plan_inside_loops(program, options, refused,
+                                 lambda p, o: _plan_program(p, o, spec))
 
 
 def _plan_traced(program: Program, options: RematOptions, spec: CallSpec) -> Plan:
