@@ -14,6 +14,7 @@ one reads, so the compiler runs them in the order the plan was simulated in.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 from jax import lax
 
@@ -69,8 +70,9 @@ def _after(eqn: core.JaxprEqn, done: core.Var | None
     """
     body = eqn.params["jaxpr"]
     num_early = len(eqn.invars) - eqn.params["num_late"]
-    early = [v for v in body.invars[:num_early]
-             if type(v.aval) is core.ShapedArray and v.aval.size > 0]
+    early = [v for v in body.invars[:num_early]          # numbers (not PRNG keys)
+             if type(v.aval) is core.ShapedArray and v.aval.size > 0
+             and not jax.dtypes.issubdtype(v.aval.dtype, jax.dtypes.extended)]
     eqns, invars, body_invars = list(body.eqns), list(eqn.invars), list(body.invars)
     if done is not None and early:
         x = min(early, key=lambda v: v.aval.size * v.aval.dtype.itemsize)

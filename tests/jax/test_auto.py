@@ -240,6 +240,26 @@ def test_control_flow_and_nested_jit_are_kept_working():
     assert not any(e.primitive.name in ("jit", "pjit") for e in plan.jaxpr.jaxpr.eqns)
 
 
+def test_typed_prng_keys_and_dropout_in_the_step():
+    # jax.random.key's typed keys (dtype key<fry>) pass through regions: the
+    # regions' ordering reads a number input, never a key.
+    def loss(ws, x, key):
+        for w in ws:
+            key, sub = jax.random.split(key)
+            x = jnp.tanh(x @ w)
+            x = jnp.where(jax.random.bernoulli(sub, 0.9, x.shape), x / 0.9, 0.0)
+        return jnp.mean(x ** 2)
+
+    ws, x = _inputs(6)
+    key = jax.random.key(3)
+    want = jax.jit(jax.grad(loss))(ws, x, key)
+    for limit in (0.6, 0.4):
+        plan = remat.plan(jax.grad(loss), ws, x, key, memory_limit=limit)
+        assert plan.met and plan.result.regions, plan
+        for g, w in zip(plan.compiled(ws, x, key), want):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-9)
+
+
 def test_jit_kwargs_keep_their_meaning():
     ws, x = _inputs(8)
     step = remat.jit(lambda ws, x: jax.grad(_loss)(ws, x * 1.0), memory_limit=0.8,
