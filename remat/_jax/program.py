@@ -232,8 +232,8 @@ class Program:
     def rewritten(self, closed: core.ClosedJaxpr, tag: Any) -> "Program":
         """This program with ``closed`` (a rewrite of ``flat`` with the same inputs
         and outputs) as its flat program; ``tag`` names the rewrite in the key."""
-        return dataclasses.replace(self, flat=closed, graph=_graph_of(closed, self.specs,
-                                                                      self.in_shardings),
+        return dataclasses.replace(self, flat=closed, graph=_graph_of(
+                                       closed, self.specs, self.in_shardings, self.donated),
                                    key=(self.key, tag), as_written=None)
 
     def function(self, closed: core.ClosedJaxpr) -> Callable:
@@ -316,7 +316,7 @@ def trace_program(fun: Callable, args: tuple, kwargs: dict, spec: CallSpec,
 
     closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*split.dynamic)
     flat = split_shard_maps(inline_calls(closed))
-    graph = _graph_of(flat, split.dynamic, split.shardings)
+    graph = _graph_of(flat, split.dynamic, split.shardings, split.donated)
     as_written = closed if has_regions(closed.jaxpr) else None
     key = (str(flat.jaxpr), _digest(flat.consts), split.key,
            tuple(sorted((k, repr(v)) for k, v in jit_kwargs.items())),
@@ -327,12 +327,14 @@ def trace_program(fun: Callable, args: tuple, kwargs: dict, spec: CallSpec,
     return program, split
 
 
-def _graph_of(flat: core.ClosedJaxpr, inputs: tuple, shardings: tuple) -> Graph:
+def _graph_of(flat: core.ClosedJaxpr, inputs: tuple, shardings: tuple,
+              donated: tuple[int, ...] = ()) -> Graph:
     """The planning graph of ``flat`` (op ``i`` is equation ``i``), its values
     sized by the shard one device holds, from the ``inputs``' shardings (or
-    ``shardings``, where given) on."""
-    graph = jaxpr_to_graph(flat, value_bytes=program_sizes(
-        flat.jaxpr, inputs, {}, {"in_shardings": shardings}))
+    ``shardings``, where given) on; ``donated``: positions of donated inputs."""
+    graph = jaxpr_to_graph(flat, donated=[i in donated for i in range(len(inputs))],
+                           value_bytes=program_sizes(flat.jaxpr, inputs, {},
+                                                     {"in_shardings": shardings}))
     if [op.label for op in graph.ops] != [e.primitive.name for e in flat.jaxpr.eqns]:
         raise AssertionError("remat internal error: the planning graph does not match "
                              "the flattened program equation for equation.")

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .graph import Graph
-from .simulate import Timeline
+from .simulate import Timeline, donated_aliases
 
 __all__ = ["planner_floor"]
 
@@ -50,8 +50,10 @@ def planner_floor(graph: Graph, timeline: Timeline, small_node_bytes: int,
     donated = set(graph.donated)     # value ids of donated inputs
     held = sum(graph.values[v].nbytes for v in fixed if v not in donated)
 
+    aliased = donated_aliases(graph)    # in their results' buffers (held)
+
     def costs(v: int) -> bool:
-        return not (timeline.fused[v] or timeline.in_output_buffer[v])
+        return not (timeline.fused[v] or timeline.in_output_buffer[v] or v in aliased)
 
     # bytes of kept values live strictly between their definition and last use
     across = [0] * (n + 1)

@@ -5,7 +5,10 @@ them agree on what "peak memory" means. The model, chosen to predict the footpri
 XLA reports (``argument + output + temp - alias`` bytes of ``memory_analysis()``):
 
 * **Program inputs** are live for the whole program: the caller owns them. A
-  *donated* input is freed after its last use instead.
+  *donated* input is freed after its last use instead; and one that a result is
+  written into (:func:`donated_aliases`, as JAX pairs them) shares that result's
+  buffer: it costs nothing of its own, except while the result, written before
+  the input's last read, needs a second buffer.
 * **Program outputs** occupy their own buffers for the whole program: XLA allocates
   result buffers apart from its temporaries (``output_size_in_bytes``).
 * **Temporaries inside result buffers** (with ``reuse_result_buffers=True``): before
@@ -55,7 +58,8 @@ from typing import Sequence
 from .fusion import fused_ops, fused_values, resident_bytes
 from .graph import Graph
 
-__all__ = ["Timeline", "simulate", "check_schedule", "ScheduleError", "anchor_steps"]
+__all__ = ["Timeline", "simulate", "check_schedule", "ScheduleError", "anchor_steps",
+           "donated_aliases"]
 
 
 class ScheduleError(ValueError):
@@ -162,6 +166,33 @@ def simulate(graph: Graph, schedule: Sequence[int], *, check: bool = True,
     return _simulate(graph, schedule, reuse_result_buffers)
 
 
+def donated_aliases(graph: Graph) -> dict[int, int]:
+    """For each donated input that a program output is written into, that output,
+    paired as JAX pairs them: each output in turn takes the first donated input
+    not taken yet with its shape and dtype (``Value.shape``; values without one
+    are not paired). Only pairs of a read input and a computed output count.
+
+    >>> from remat.core.graph import GraphBuilder
+    >>> b = GraphBuilder()
+    >>> w = b.add_input(64, shape="f32[4,4]", donated=True)
+    >>> (u,) = b.add_op("sub", [w], [64], output_shapes=["f32[4,4]"])
+    >>> donated_aliases(b.build(outputs=[u]))
+    {0: 1}
+    """
+    waiting: dict[str, list[int]] = {}
+    for v in graph.inputs:
+        if v in graph.donated and graph.values[v].shape:
+            waiting.setdefault(graph.values[v].shape, []).append(v)
+    pairs = {}
+    for o in graph.outputs:
+        queue = waiting.get(graph.values[o].shape) if graph.values[o].shape else None
+        if queue:
+            d = queue.pop(0)
+            if graph.values[o].producer is not None and graph.users[d]:
+                pairs[d] = o
+    return pairs
+
+
 def anchor_steps(graph: Graph, schedule: Sequence[int]) -> list[int]:
     """For each op id, the step of ``schedule`` at which it really runs: a fused
     op runs with the last op that consumes the chain it belongs to."""
@@ -224,12 +255,24 @@ def _simulate(graph: Graph, schedule: tuple[int, ...], reuse_result_buffers: boo
         if p is not None:
             defined_at[v] = anchor[p]
 
+    # A donated input a result is written into lives in that result's buffer; it
+    # takes a buffer of its own only from that result's step to its last read.
+    aliases = donated_aliases(graph)
+    apart = [0] * n_steps       # bytes of such inputs held apart, from each step
+    busy_until: dict[int, int] = {}     # result -> last step its buffer holds the input
+    for d, o in aliases.items():
+        written = anchor[values[o].producer]
+        if written < last_use_step[d]:
+            apart[written] += resident[d]
+        else:
+            freed.remove(d)
+        busy_until[o] = last_use_step[d]
     allocated = list(resident)
     for v in output_set:
         allocated[v] = 0  # allocated up front
     if reuse_result_buffers:
         in_output_buffer = _place_in_output_buffers(graph, anchor, resident, defined_at,
-                                                    last_use_step, output_set)
+                                                    last_use_step, output_set, busy_until)
         for v in range(n_values):
             if in_output_buffer[v]:
                 allocated[v] = 0
@@ -245,14 +288,15 @@ def _simulate(graph: Graph, schedule: tuple[int, ...], reuse_result_buffers: boo
     output_bytes = sum(values[v].nbytes for v in output_set)
     unread_donated = sum(values[v].nbytes for v in input_set
                          if v in donated and not users[v])
-    live = input_bytes + output_bytes - unread_donated
+    live = input_bytes + output_bytes - unread_donated - sum(
+        values[d].nbytes for d in aliases)
     defined_bytes = [0] * n_steps
     live_during = [0] * n_steps
     live_after = [0] * n_steps
     peak, peak_step = live, -1
     for step in range(n_steps):
         op = ops[schedule[step]]
-        defined = 0
+        defined = apart[step]
         for v in op.outputs:
             defined += allocated[v]
         during = live + defined + op.working_set_bytes
@@ -273,12 +317,14 @@ _MAX_BUFFER_TRIES = 32
 
 def _place_in_output_buffers(graph: Graph, anchor: list[int], resident: list[int],
                              defined_at: list[int], last_use_step: list[int],
-                             output_set: set[int]) -> list[bool]:
+                             output_set: set[int], busy_until: dict[int, int]
+                             ) -> list[bool]:
     """Which temporaries live inside a result buffer that is not written yet.
 
     Like XLA's buffer assignment: a result buffer holds one value at a time, at its
     start; a temporary fits if it is no larger, dies before the result is defined,
-    and its life does not overlap another temporary placed there. Largest
+    is born after the donated input the buffer holds (``busy_until``) is last
+    read, and its life does not overlap another temporary placed there. Largest
     temporaries are placed first, each in the smallest buffer that takes it.
     """
     hosted = [False] * len(graph.values)
@@ -295,8 +341,9 @@ def _place_in_output_buffers(graph: Graph, anchor: list[int], resident: list[int
         size, born, dies = resident[v], defined_at[v], last_use_step[v]
         first = bisect.bisect_left(slot_sizes, size)
         for k in range(first, min(len(slots), first + _MAX_BUFFER_TRIES)):
-            if slots[k][1] <= dies:
-                continue  # the result is written before the temporary dies
+            if slots[k][1] <= dies or born <= busy_until.get(slots[k][2], -1):
+                continue  # the result is written before the temporary dies, or
+                          # the buffer still holds the donated input it aliases
             if any(b <= dies and born <= e for b, e in occupied[k]):
                 continue
             occupied[k].append((born, dies))

@@ -5,7 +5,7 @@ import pytest
 from remat.core.fusion import fused_values
 from remat.core.graph import GraphBuilder
 from remat.core.schedulers import SCHEDULERS
-from remat.core.simulate import ScheduleError, simulate
+from remat.core.simulate import ScheduleError, donated_aliases, simulate
 
 from .random_graphs import chain, random_dag
 
@@ -96,6 +96,50 @@ def test_donated_input_is_freed_after_last_use():
     (z,) = b.add_op("b", [y], [10])
     tl = simulate(b.build(outputs=[z]), (0, 1))
     assert tl.live_during_bytes == [1000 + 10 + 10, 10 + 10]
+
+
+def test_a_result_written_into_a_donated_input_shares_its_buffer():
+    # As XLA aliases a donated argument with the result JAX pairs it with: one buffer.
+    b = GraphBuilder()
+    w = b.add_input(1000, shape="f32[250]", donated=True)
+    x = b.add_input(10, shape="f32[2]")
+    (h,) = b.add_op("dot", [x, w], [400])
+    (u,) = b.add_op("sub", [w, h], [1000], output_shapes=["f32[250]"])
+    g = b.build(outputs=[u])
+    assert donated_aliases(g) == {w: u}
+    tl = simulate(g, (0, 1))
+    assert tl.live_during_bytes == [10 + 1000 + 400] * 2
+    assert tl.live_after_bytes[-1] == 10 + 1000
+
+
+def test_a_donated_input_read_after_its_result_is_written_takes_a_second_buffer():
+    b = GraphBuilder()
+    w = b.add_input(1000, shape="f32[250]", donated=True)
+    x = b.add_input(10, shape="f32[2]")
+    (u,) = b.add_op("sub", [w], [1000], output_shapes=["f32[250]"])
+    (z,) = b.add_op("dot", [w, x], [10])
+    tl = simulate(b.build(outputs=[u, z]), (0, 1))
+    assert tl.live_during_bytes == [10 + 1000 + 10 + 1000] * 2     # w apart until read
+    assert tl.live_after_bytes == [2020, 1020]
+
+
+def test_donations_pair_as_jax_pairs_them():
+    b = GraphBuilder()
+    p = b.add_input(16, shape="f32[4]", donated=True)
+    q = b.add_input(16, shape="f32[4]", donated=True)
+    r = b.add_input(8, shape="f32[2]", donated=True)
+    n = b.add_input(16, shape="f32[4]")              # not donated: not paired
+    outs = [b.add_op("f", [v], [16], output_shapes=["f32[4]"])[0] for v in (q, p, n)]
+    g = b.build(outputs=outs)
+    assert donated_aliases(g) == {p: outs[0], q: outs[1]}    # in order; r: no result
+    # a temporary may not live in a result buffer that still holds its donated input
+    b = GraphBuilder()
+    w = b.add_input(1000, shape="f32[250]", donated=True)
+    (t,) = b.add_op("a", [w], [500])
+    (s,) = b.add_op("b", [t], [10])
+    (u,) = b.add_op("c", [w, s], [1000], output_shapes=["f32[250]"])
+    tl = simulate(b.build(outputs=[u]), (0, 1, 2), reuse_result_buffers=True)
+    assert not tl.in_output_buffer[t] and tl.peak_bytes == 1000 + 500 + 10
 
 
 @pytest.mark.parametrize("seed", range(40))
