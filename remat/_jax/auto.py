@@ -199,9 +199,11 @@ def jit(fun: Callable, *, memory_limit: Any = _UNSET, algorithm: str = _UNSET,
 
     Arguments:
       fun: any function: a loss, its gradient, a whole training step. Its
-        arguments are pytrees; array leaves (and Python numbers) are traced, every
-        other leaf (a function, a string, an Equinox module's static field) is
-        static, as ``equinox.filter_jit`` treats them.
+        arguments are pytrees; array leaves are traced, and Python numbers
+        passed as whole arguments (as ``jax.jit`` traces them); every other
+        leaf (a function, a string, a number inside a pytree such as an
+        Equinox module's dropout rate) is static, as ``equinox.filter_jit``
+        keeps it.
       memory_limit: the footprint XLA may use (arguments + outputs + temporaries -
         aliased bytes, as ``compile().memory_analysis()`` reports): an int > 0
         (bytes), a string (``"512MiB"``, ``"2GiB"``), or a float in (0, 1]: the

@@ -36,10 +36,15 @@ __all__ = ["CallSpec", "CallSplit", "Program", "trace_program", "is_dynamic"]
 _NUMBERS = (bool, int, float, complex)
 
 
-def is_dynamic(leaf: Any) -> bool:
-    """Whether a leaf is traced (an array or a Python number, as ``jax.jit``
-    traces them) rather than static."""
-    return (isinstance(leaf, (jax.Array, np.ndarray, np.generic) + _NUMBERS) or
+def is_dynamic(leaf: Any, whole: bool = True) -> bool:
+    """Whether a leaf is traced rather than static: an array, or a Python number
+    that is a ``whole`` argument (as ``jax.jit`` traces it). A number inside a
+    pytree (an Equinox module's dropout rate or ``inference`` flag) is static,
+    as ``equinox.filter_jit`` keeps it: traced, ``if`` on it would fail and a
+    gradient would be taken with respect to it (and an optimizer would move it)."""
+    if isinstance(leaf, _NUMBERS):
+        return whole
+    return (isinstance(leaf, (jax.Array, np.ndarray, np.generic)) or
             hasattr(leaf, "__jax_array__"))
 
 
@@ -140,7 +145,7 @@ class CallSplit:
             placed = (next(given, None) if not static else None) if given else None
             placed = ([None] * len(leaves) if placed is None else placed)
             for leaf, sharding in zip(leaves, placed):
-                dyn = is_dynamic(leaf)
+                dyn = is_dynamic(leaf, whole=leaf is value)
                 kinds.append(dyn)
                 if dyn:
                     donated += [len(dynamic)] if donate else []

@@ -426,6 +426,53 @@ def test_an_equinox_module_is_an_argument_like_any_pytree():
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-9)
 
 
+def test_numbers_inside_a_module_are_static_as_filter_jit_keeps_them():
+    # BatchNorm reads its `inference` flag with `if`; Dropout's rate is a float
+    # field: traced, the first would fail and the second get a gradient (which
+    # an optimizer would then move). Whole-argument numbers are traced.
+    eqx = pytest.importorskip("equinox")
+
+    class Net(eqx.Module):
+        layers: list
+        norms: list
+        drop: eqx.nn.Dropout
+
+        def __init__(self, key):
+            keys = jax.random.split(key, 4)
+            self.layers = [eqx.nn.Linear(128, 128, key=k) for k in keys]
+            self.norms = [eqx.nn.BatchNorm(128, axis_name="batch", mode="batch")
+                          for _ in keys]
+            self.drop = eqx.nn.Dropout(0.1)
+
+        def __call__(self, x, state, key):
+            for layer, norm in zip(self.layers, self.norms):
+                x, state = jax.vmap(norm, axis_name="batch", in_axes=(0, None),
+                                    out_axes=(0, None))(jax.vmap(layer)(x), state)
+                key, sub = jax.random.split(key)
+                x = self.drop(jnp.tanh(x), key=sub)
+            return x, state
+
+    def step(model, state, x, key, scale):
+        def loss(model, state):
+            y, state = model(x, state, key)
+            return jnp.mean(y ** 2) * scale, state
+        (value, state), grads = eqx.filter_value_and_grad(loss, has_aux=True)(model, state)
+        return value, grads, state
+
+    model, state = eqx.nn.make_with_state(Net)(jax.random.key(0))
+    args = (model, state, jax.random.normal(jax.random.key(1), (512, 128)),
+            jax.random.key(2), 2.0)
+    want = eqx.filter_jit(step)(*args)
+    planned = remat.jit(step, memory_limit=0.6)
+    got = planned(*args)
+    assert planned.plan_for(*args).met
+    assert jax.tree.structure(got) == jax.tree.structure(want)   # no gradient for p
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                                   rtol=1e-5, atol=1e-6)
+    assert planned.plan_for(*args[:4], 3.0) is planned.plan_for(*args)   # traced
+
+
 def test_a_conv_net_falls_back_to_the_conditional_where_the_gate_keeps_too_much():
     # On CPU regions reading convolutions are gated by default; the gate keeps
     # copies of their inputs, and on this U-Net no gated plan reaches 30% of the
