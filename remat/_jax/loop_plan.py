@@ -165,12 +165,22 @@ def plan_with_loops(program: Program, options: RematOptions,
     chain = combine(frontiers, [n.length for n in nests])
     planning = time.perf_counter() - start
 
+    compiling, compiles = 0.0, 0      # the loop choices' compiles, for the plan
+
     def rewritten(k: int) -> core.ClosedJaxpr:
+        nonlocal planning
+        t = time.perf_counter()
         choices = [front[i] for front, i in zip(frontiers, chain[k])]
-        return core.ClosedJaxpr(rewrite_nests(flat.jaxpr, nests, choices), flat.consts)
+        closed = core.ClosedJaxpr(rewrite_nests(flat.jaxpr, nests, choices), flat.consts)
+        planning += time.perf_counter() - t
+        return closed
 
     def footprint_of(closed: core.ClosedJaxpr) -> int:
-        return XlaFootprint.of(program.compile(closed, measure_only=True)).total
+        nonlocal compiling, compiles
+        t = time.perf_counter()
+        total = XlaFootprint.of(program.compile(closed, measure_only=True)).total
+        compiling, compiles = compiling + time.perf_counter() - t, compiles + 1
+        return total
 
     footprints: dict[int, int] = {}
 
@@ -181,7 +191,9 @@ def plan_with_loops(program: Program, options: RematOptions,
 
     # the program as written (the user's checkpoints in it, if any) sets the limit
     written = program.as_written or flat
+    t = time.perf_counter()
     baseline = XlaFootprint.of(program.compile(written, measure_only=True))
+    compiling += time.perf_counter() - t
     limit = baseline.limit_bytes(options.memory_limit)
     if written is flat:
         footprints[0] = baseline.total
@@ -212,7 +224,9 @@ def plan_with_loops(program: Program, options: RematOptions,
             e.bound_bytes) from e
     fields = {f.name: getattr(flat_plan, f.name) for f in dataclasses.fields(Plan)}
     fields.update(baseline=baseline, loops=decisions,
-                  plan_seconds=flat_plan.plan_seconds + planning)
+                  plan_seconds=flat_plan.plan_seconds + planning,
+                  compile_seconds=flat_plan.compile_seconds + compiling,
+                  compiles=flat_plan.compiles + compiles)
     plan = LoopPlan(**fields)
     dump_plan(plan, options)
     return plan

@@ -76,6 +76,7 @@ def _check(fun, args, fraction):
     plan = step.plan_for(*args)
     assert isinstance(plan, LoopPlan) and plan.met
     assert any(d.rebuilt for d in plan.loops)
+    assert plan.compiles >= 1 and plan.compile_seconds > 0   # the loop choices' count
     assert _footprint(step.lower(*args).compile()) <= plan.limit_bytes < _footprint(plain)
     for got, want in zip(jax.tree.leaves(step(*args)), jax.tree.leaves(plain(*args))):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
