@@ -207,21 +207,34 @@ def plan_with_loops(program: Program, options: RematOptions,
     if reached > limit:
         reached, best, chosen, size = _split(rewritten, reached, chosen, pairs, limit,
                                              footprint_of)
-    t = time.perf_counter()
-    decisions = tuple(d for k, (nest, front, i) in enumerate(
-        zip(nests, frontiers, chain[chosen]))
-        for d in _describe(nest, front[i], size and size[k]))
-    planning += time.perf_counter() - t
     at_bytes = dataclasses.replace(options, memory_limit=limit)
-    try:
-        flat_plan = plan_flat(program.rewritten(best, ("loops", chosen, size)), at_bytes)
-    except MemoryLimitError as e:
-        raise MemoryLimitError(
-            f"remat: with its {len(pairs)} differentiated loop(s) planned for the least "
-            f"footprint found ({'; '.join(map(str, decisions))}), the program's is "
-            f"{format_bytes(reached)} (as written: {format_bytes(baseline.total)})."
-            f" Planning the rest: {e}", e.limit_bytes, e.least_bytes,
-            e.bound_bytes) from e
+    refused = None
+    for _ in range(1 + _NEXT_CHOICES):
+        t = time.perf_counter()
+        decisions = tuple(d for k, (nest, front, i) in enumerate(
+            zip(nests, frontiers, chain[chosen]))
+            for d in _describe(nest, front[i], size and size[k]))
+        planning += time.perf_counter() - t
+        try:
+            flat_plan = plan_flat(program.rewritten(best, ("loops", chosen, size)), at_bytes)
+            break
+        except MemoryLimitError as e:
+            refused = refused or MemoryLimitError(
+                f"remat: with its {len(pairs)} differentiated loop(s) planned for the "
+                f"least footprint found ({'; '.join(map(str, decisions))}), the "
+                f"program's is {format_bytes(reached)} (as written: "
+                f"{format_bytes(baseline.total)}). Planning the rest: {e}",
+                e.limit_bytes, e.least_bytes, e.bound_bytes)
+            # The choice's measuring compile read it within the limit, its full one
+            # over (by kilobytes): the next choice stacks less.
+            if size is not None or reached > limit or chosen + 1 == len(chain):
+                raise refused from e
+            chosen += 1
+            best, reached = rewritten(chosen), footprint(chosen)
+            if reached > limit:
+                raise refused from e
+    else:
+        raise refused
     fields = {f.name: getattr(flat_plan, f.name) for f in dataclasses.fields(Plan)}
     fields.update(baseline=baseline, loops=decisions,
                   plan_seconds=flat_plan.plan_seconds + planning,
@@ -263,6 +276,12 @@ def _split(program, unsplit: int, last: int, pairs, limit: int, footprint_of):
             if total <= limit:
                 return best
     return best
+
+
+#: Further loop choices tried, each stacking less, when the rest of the program
+#: cannot be planned under the limit after the choice taken (its full compile
+#: reading over what its measuring compile read within).
+_NEXT_CHOICES = 2
 
 
 def _cheapest_within(footprint: Callable[[int], int], predicted: list[int],

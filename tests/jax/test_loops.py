@@ -186,6 +186,24 @@ def test_unreachable_limit_names_the_loops():
         remat.plan(jax.grad(_mlp_loss), ws, x, memory_limit=0.01)
 
 
+def test_the_next_choice_is_taken_when_the_rest_cannot_be_planned(monkeypatch):
+    # A choice its measuring compile reads within the limit may read over in full
+    # (by kilobytes); the rest of the program then cannot be planned under it.
+    ws, x = _mlp_inputs(7)
+    tried = []
+    real = auto._plan_traced
+
+    def refuse_first(program, options, spec):
+        tried.append(program.key[1])           # ("loops", choice, split)
+        if len(tried) == 1:
+            raise remat.MemoryLimitError("refused for the test", 1, 2, 0)
+        return real(program, options, spec)
+
+    monkeypatch.setattr(auto, "_plan_traced", refuse_first)
+    plan = remat.plan(jax.grad(_mlp_loss), ws, x, memory_limit=0.6)
+    assert plan.met and [t[1] for t in tried] == [tried[0][1], tried[0][1] + 1]
+
+
 @pytest.mark.parametrize("first_met", range(10))
 @pytest.mark.parametrize("model_pick", [0, 3, 9])
 def test_cheapest_within_finds_the_first_met_choice(first_met, model_pick):
