@@ -14,11 +14,15 @@ among those XLA reads within the same limit.
 
 With ``--groups G`` the layers run as nested scans: an outer scan over ``G``
 groups whose body scans over the group's blocks (the hand policies then wrap
-the inner block).
+the inner block). With ``--microbatches M`` the step accumulates the gradient
+over ``M`` microbatches in a ``lax.scan`` that is not differentiated, each
+iteration a ``jax.value_and_grad`` of the scanned model (the pass plans inside
+it, ``remat/_jax/loop_body.py``).
 
 Run from the repository root: ``python -m bench.bench_loops`` (``--quick`` for
 a small model). Writes ``bench/results/loops.md`` (``loops_nested.md`` with
-``--groups``; ``_quick`` with ``--quick``).
+``--groups``, ``loops_accumulated.md`` with ``--microbatches``; ``_quick`` with
+``--quick``).
 """
 
 from __future__ import annotations
@@ -71,10 +75,13 @@ def _block(heads):
     return block
 
 
-def train_step_for(layers, batch, seq, width, heads, policy=None, groups=1):
+def train_step_for(layers, batch, seq, width, heads, policy=None, groups=1,
+                   microbatches=1):
     """``(train_step, (params, opt_state, x))``; with ``policy``, the block is
     under ``jax.checkpoint`` with that policy; with ``groups > 1``, the blocks
-    run in a scan over ``groups`` groups, each a scan over its blocks."""
+    run in a scan over ``groups`` groups, each a scan over its blocks; with
+    ``microbatches > 1``, the gradient is the mean over that many slices of the
+    batch, accumulated in a scan."""
     if layers % groups:
         raise ValueError(f"train_step_for: groups={groups} must divide layers={layers}")
     keys = jax.random.split(jax.random.key(0), 7)
@@ -101,8 +108,19 @@ def train_step_for(layers, batch, seq, width, heads, policy=None, groups=1):
     def loss(params, x):
         return jnp.mean(run(x, params) ** 2)
 
+    def accumulated(params, x):
+        xs = x.reshape(microbatches, x.shape[0] // microbatches, *x.shape[1:])
+
+        def add(total, xm):
+            value, grads = jax.value_and_grad(loss)(params, xm)
+            return jax.tree.map(lambda t, g: t + g / microbatches, total,
+                                (value, grads)), None
+        zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+        return jax.lax.scan(add, zeros, xs)[0]
+
     def train_step(params, state, x):
-        value, grads = jax.value_and_grad(loss)(params, x)
+        value, grads = (jax.value_and_grad(loss)(params, x) if microbatches == 1
+                        else accumulated(params, x))
         updates, state = opt.update(grads, state, params)
         return optax.apply_updates(params, updates), state, value
 
@@ -133,11 +151,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--groups", type=int, default=1,
                         help="run the layers as this many groups of nested scans")
+    parser.add_argument("--microbatches", type=int, default=1,
+                        help="accumulate the gradient over this many microbatches")
     args = parser.parse_args()
     sizes = (dict(layers=12, batch=2, seq=32, width=64, heads=4) if args.quick else
              dict(layers=12, batch=8, seq=128, width=256, heads=4))
     if args.groups > 1:
         sizes["groups"] = args.groups
+    if args.microbatches > 1:
+        sizes["microbatches"] = args.microbatches
     step, inputs = train_step_for(**sizes)
     plain = jax.jit(step).lower(*inputs).compile()
     base_total, base_flops = _figures(plain)
@@ -183,7 +205,9 @@ def main() -> None:
     text = (
         f"Device: {jax.default_backend()}, jax {jax.__version__}. Scanned pre-LN "
         f"transformer{' (nested scans)' if args.groups > 1 else ''} "
-        f"train step (optax Adam): {sizes}. Plain XLA footprint "
+        f"train step (optax Adam"
+        f"{', gradient accumulated in a scan' if args.microbatches > 1 else ''}): "
+        f"{sizes}. Plain XLA footprint "
         f"{_mib(base_total)} MiB. Footprints in MiB (XLA's argument + output + temp - "
         f"alias); FLOPs and step time as ratios to the plain program (median of "
         f"{args.rounds} samples). FLOPs: XLA's `cost_analysis()`, which counts a loop "
@@ -196,7 +220,8 @@ def main() -> None:
         "\n".join(lines) + "\n\nHand-written body policies (jax.checkpoint on the "
         "block):\n\n| policy | footprint | FLOPs | FLOPs x trips |\n|---|---|---|---|\n" +
         hand_rows + "\n")
-    name = "loops_nested" if args.groups > 1 else "loops"
+    name = ("loops_nested" if args.groups > 1 else
+            "loops_accumulated" if args.microbatches > 1 else "loops")
     out = result_file(f"{name}_quick" if args.quick else name)
     out.write_text(text)
     print(text)
