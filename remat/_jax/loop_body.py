@@ -66,8 +66,9 @@ class BodyProgram(Program):
         whole = dataclasses.replace(self.outer, jit_kwargs=self.jit_kwargs)
         return whole.function(self.in_outer(closed))
 
-    def lower(self, closed: core.ClosedJaxpr):
-        return self.function(closed).lower(*self.outer.specs)
+    def lower(self, closed: core.ClosedJaxpr):     # (the outer may be a body too)
+        whole = dataclasses.replace(self.outer, jit_kwargs=self.jit_kwargs)
+        return whole.lower(self.in_outer(closed))
 
     @property
     def length(self) -> int:
@@ -136,5 +137,7 @@ def plan_inside_loops(program: Program, options: RematOptions, refused: MemoryLi
             f"{format_bytes(other.least_bytes)}.",
             refused.limit_bytes, main.least_bytes, refused.bound_bytes) from e
     fields = {f.name: getattr(inner, f.name) for f in dataclasses.fields(inner)}
-    fields.update(jaxpr=body.in_outer(inner.jaxpr), out_tree=program.out_tree)
-    return BodyPlan(**fields, inside=body.source, iterations=body.length)
+    fields.update(jaxpr=body.in_outer(inner.jaxpr), out_tree=program.out_tree,
+                  inside=body.source,     # a plan inside a loop inside this one:
+                  iterations=body.length * fields.get("iterations", 1))  # both counts
+    return BodyPlan(**fields)

@@ -74,3 +74,20 @@ def test_a_refusal_says_what_each_search_reached():
     assert e.least_bytes < plain.total      # the body's plans went lower
     assert f"{e.least_bytes} bytes" in str(e)
     assert "planning inside the loop at" in str(e) and "planning around it" in str(e)
+
+
+def test_accumulation_loops_inside_one_another():
+    # groups of microbatches: the inner loop's body is planned, run 2 x 3 times
+    forget_planners()
+    ws, _ = _inputs(False)
+    xss = jax.random.normal(jax.random.key(2), (2, 3, BATCH, WIDTH))
+    inner = _accumulating(_loss)
+
+    def step(ws, xss):
+        def group(g, xs):
+            return jax.tree.map(jnp.add, g, inner(ws, xs)), None
+        return jax.lax.scan(group, jax.tree.map(jnp.zeros_like, ws), xss)[0]
+
+    plan = remat.plan(step, ws, xss, memory_limit=0.8)
+    assert isinstance(plan, BodyPlan) and plan.met and plan.iterations == 6, plan
+    _assert_same(jax.jit(step)(ws, xss), plan.compiled(ws, xss))
