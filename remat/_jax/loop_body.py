@@ -12,8 +12,10 @@ loop's constants, carries and one iteration's slices are its inputs), and each
 plan of it is measured by compiling the whole program with the rewritten body,
 so the limit is on the whole program's footprint as XLA reads it. The same
 search answers (``planner.py``, ``remat.core.search``), differentiated loops in
-the body planned first (``loop_plan.py``). Programs on several devices, and
-loops that are half of a differentiated pair, are left as they are.
+the body planned first (``loop_plan.py``). Loops that are half of a
+differentiated pair are left to the loop planner. On several devices the body's
+values are sized whole, not by the shard one device holds (the plans are still
+judged by XLA's per-device figures, but may recompute more than they need).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class BodyProgram(Program):
         body = inline_calls(outer.flat.jaxpr.eqns[index].params["jaxpr"])
         specs = tuple(jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
                       for v in body.jaxpr.invars)
-        unplaced = (None,) * len(specs)     # one device: see _bodies
+        unplaced = (None,) * len(specs)     # sized whole: see the module docstring
         return cls(body, _graph_of(body, specs, unplaced), None, specs, (),
                    outer.jit_kwargs, (outer.key, "loop body", index), unplaced, None,
                    outer, index)
@@ -98,10 +100,8 @@ class BodyPlan(LoopPlan):
 
 
 def _bodies(program: Program) -> list[int]:
-    """The scans of ``program``'s top level worth planning inside, the one with
-    the most equations first; none on several devices."""
-    if any(s is not None for s in program.in_shardings):
-        return []
+    """The scans of ``program``'s top level worth planning inside (not halves of
+    differentiated pairs), the one with the most equations first."""
     jaxpr = program.flat.jaxpr
     paired = {k for pair in find_loops(jaxpr) for k in (pair.forward, pair.backward)}
     eqns = jaxpr.eqns

@@ -134,8 +134,23 @@ def _mlp_loss(ws, x):
     return jnp.sum(x ** 2)
 
 
+def accumulated():
+    """The gradient accumulated over 4 microbatches in a scan, each split over all
+    8 devices (``in_shardings``): the pass plans inside the loop."""
+    mesh = _mesh()
+    w_s, x_s = NamedSharding(mesh, P()), NamedSharding(mesh, P(None, ("data", "model")))
+
+    def step(ws, xs):
+        def add(total, x):
+            return [t + g for t, g in zip(total, jax.grad(_mlp_loss)(ws, x))], None
+        return jax.lax.scan(add, [jnp.zeros_like(w) for w in ws], xs)[0]
+    ws, _ = _inputs(mesh, P(), P())
+    xs = jax.device_put(jax.random.normal(jax.random.key(5), (4, BATCH, WIDTH)), x_s)
+    return step, (ws, xs), dict(in_shardings=([w_s] * LAYERS, x_s))
+
+
 CASES = {f.__name__: f for f in (data_parallel, two_dim, fsdp, shard_map_psum, explicit,
-                                 in_out_shardings)}
+                                 in_out_shardings, accumulated)}
 
 
 def run(name: str, fraction: float = FRACTION, algorithm: str | None = None) -> dict:

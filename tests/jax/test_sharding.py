@@ -32,7 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def results():
     """Each program planned at its fraction, by case name (one subprocess)."""
     cases = ["data_parallel::path", "two_dim::path", "fsdp", "shard_map_psum",
-             "explicit::path", "in_out_shardings::path"]
+             "explicit::path", "in_out_shardings::path", "accumulated:0.8"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("XLA_FLAGS", None)
     out = subprocess.run([sys.executable, "-m", "tests.jax.sharded_programs", *cases],
@@ -44,7 +44,7 @@ def results():
 
 @pytest.mark.parametrize("case,temp_fraction", [
     ("data_parallel", 0.5), ("two_dim", 0.5), ("explicit", 0.5), ("in_out_shardings", 0.5),
-    ("fsdp", 0.5), ("shard_map_psum", 0.5)])
+    ("fsdp", 0.5), ("shard_map_psum", 0.5), ("accumulated", 0.8)])
 def test_sharded_program_meets_per_device_limit(results, case, temp_fraction):
     r = results[case]
     assert "error" not in r, r.get("error")
