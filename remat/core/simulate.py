@@ -260,13 +260,16 @@ def _simulate(graph: Graph, schedule: tuple[int, ...], reuse_result_buffers: boo
     aliases = donated_aliases(graph)
     apart = [0] * n_steps       # bytes of such inputs held apart, from each step
     busy_until: dict[int, int] = {}     # result -> last step its buffer holds the input
+    shared = set()                      # inputs that never take a buffer of their own
     for d, o in aliases.items():
         written = anchor[values[o].producer]
         if written < last_use_step[d]:
             apart[written] += resident[d]
         else:
-            freed.remove(d)
+            shared.add(d)
         busy_until[o] = last_use_step[d]
+    if shared:                          # (one pass: a step has many donated inputs)
+        freed = [v for v in freed if v not in shared]
     allocated = list(resident)
     for v in output_set:
         allocated[v] = 0  # allocated up front
