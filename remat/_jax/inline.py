@@ -3,7 +3,10 @@
 The compiler inlines ``jit`` calls, ``closed_call``, custom-derivative calls (whose
 derivative rules have already run by the time a gradient is traced) and checkpoint
 regions, so the automatic pass sees through them too and plans on one flat list of
-equations. Control flow (``scan``, ``while``, ``cond``) stays as one equation.
+equations. A ``cond`` whose branch index is a constant (JAX folds a predicate it
+can decide, as optax.MultiSteps' skip test, into a literal) is its branch: XLA
+inlines it too. Other control flow (``scan``, ``while``, ``cond``) stays as one
+equation.
 
 Inside a checkpoint region, repeated computations are merged: an equation with
 the same primitive, operands and parameters as an earlier one (and no effects) is
@@ -29,8 +32,16 @@ _INLINED = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
             "custom_vjp_call", "custom_vjp_call_jaxpr", *REGIONS}
 
 
-def _body(eqn: core.JaxprEqn) -> tuple[core.Jaxpr, list[Any]] | None:
-    """The inlinable body of a call equation and its constants, or None."""
+def _body(eqn: core.JaxprEqn, invars: list | None = None
+          ) -> tuple[core.Jaxpr, list[Any], list] | None:
+    """The inlinable body of a call equation (``invars``: its operands as read,
+    by default its own), the body's constants and its operands; or None."""
+    invars = list(eqn.invars) if invars is None else invars
+    if eqn.primitive.name == "cond" and isinstance(invars[0], core.Literal):
+        branches = eqn.params["branches"]
+        # out of range runs the last branch (XLA's case; lax.switch clamps first)
+        index = min(max(int(np.asarray(invars[0].val)), 0), len(branches) - 1)
+        return branches[index].jaxpr, list(branches[index].consts), invars[1:]
     if eqn.primitive.name not in _INLINED:
         return None
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
@@ -42,7 +53,7 @@ def _body(eqn: core.JaxprEqn) -> tuple[core.Jaxpr, list[Any]] | None:
         else:
             continue
         if len(body.invars) == len(eqn.invars) and len(body.outvars) == len(eqn.outvars):
-            return body, consts
+            return body, consts, invars
     return None
 
 
@@ -78,7 +89,7 @@ def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
 
         for eqn in eqn_list:
             invars = [rd(v) for v in eqn.invars]
-            found = _body(eqn)
+            found = _body(eqn, invars)
             if found is None:
                 key = _merge_key(eqn, invars)
                 earlier = computed.get(key) if key is not None and in_region else None
@@ -96,7 +107,7 @@ def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
                 for old, new in zip(eqn.outvars, outvars):
                     local[old] = new
                 continue
-            body, body_consts = found
+            body, body_consts, invars = found
             inner: dict = {}
             for cv, c in zip(body.constvars, body_consts):
                 fresh = core.Var(cv.aval)

@@ -75,3 +75,16 @@ def test_effects_and_stateful_randomness_are_never_merged():
         return u * x
     names = _primitives(inline_calls(jax.make_jaxpr(f)(1.0)))
     assert names.count("rng_uniform") == 2 and names.count("debug_print") == 2
+
+
+def test_a_cond_with_a_constant_index_is_its_branch():
+    # JAX folds a predicate it can decide into a literal index (optax.MultiSteps'
+    # skip test); XLA then inlines the branch, and so does the flat program.
+    def step(x, y):
+        z = jax.lax.cond(jnp.array(False), lambda a, b: a * b, lambda a, b: a - b, x, y)
+        return jax.lax.cond(x.sum() > 0, jnp.sin, jnp.cos, z)    # decided at run time
+    x, y = jnp.arange(3.0), jnp.ones(3)
+    flat = inline_calls(jax.make_jaxpr(step)(x, y))
+    assert _primitives(flat).count("cond") == 1 and "sub" in _primitives(flat)
+    assert "mul" not in _primitives(flat)
+    np.testing.assert_allclose(core.jaxpr_as_fun(flat)(x, y)[0], step(x, y))
