@@ -176,20 +176,57 @@ class RematJitted:
                                                   self._spec, self._jit_kwargs)
         return self._plans[split.key], split
 
-    def lower(self, *args, **kwargs):
-        """Lowers the rewritten program (``.compile()`` works on the result); it
-        takes the call's array leaves."""
+    def lower(self, *args, **kwargs) -> "Lowered":
+        """Lowers the rewritten program; ``.compile()`` on the result gives a
+        callable taking these same arguments, as ``jax.jit``'s does."""
         plan, split = self._entry(args, kwargs)
         placed = ({"in_shardings": split.shardings}
                   if any(s is not None for s in split.shardings) else {})
-        return jax.jit(lambda *xs: jax.tree_util.tree_unflatten(
+        lowered = jax.jit(lambda *xs: jax.tree_util.tree_unflatten(
             plan.out_tree, core.jaxpr_as_fun(plan.jaxpr)(*xs)),
             donate_argnums=split.donated, **placed,
             **self._jit_kwargs).lower(*split.dynamic)
+        return Lowered(lowered, split.key, lambda a, k: CallSplit.of(a, k, self._spec))
 
     def __call__(self, *args, **kwargs):
         plan, split = self._entry(args, kwargs)
         return plan.compiled._compiled(*split.dynamic)
+
+
+class Lowered:
+    """``remat.jit(f).lower(*args)``: ``jax.jit``'s lowered program of the plan
+    (its methods, such as ``as_text``, are there); ``compile()`` gives a
+    :class:`Compiled` that takes ``f``'s own arguments."""
+
+    def __init__(self, lowered, key, split: Callable):
+        self._of, self._key, self._split = lowered, key, split
+
+    def compile(self, *args, **kwargs) -> "Compiled":
+        return Compiled(self._of.compile(*args, **kwargs), self._key, self._split)
+
+    def __getattr__(self, name):
+        return getattr(self._of, name)
+
+
+class Compiled:
+    """``remat.jit(f).lower(*args).compile()``: call it with arguments like
+    those it was lowered for (its methods, such as ``memory_analysis``, are
+    ``jax.jit``'s compiled program's)."""
+
+    def __init__(self, compiled, key, split: Callable):
+        self._of, self._key, self._split = compiled, key, split
+
+    def __call__(self, *args, **kwargs):
+        split = self._split(args, kwargs)
+        if split.key != self._key:
+            raise TypeError("remat.jit: the compiled program was lowered for "
+                            "arguments of other shapes, types or static values; "
+                            "lower it again for these (or call the remat.jit "
+                            "function, which plans each signature once).")
+        return self._of(*split.dynamic)
+
+    def __getattr__(self, name):
+        return getattr(self._of, name)
 
 
 def jit(fun: Callable, *, memory_limit: Any = _UNSET, algorithm: str = _UNSET,
@@ -199,11 +236,11 @@ def jit(fun: Callable, *, memory_limit: Any = _UNSET, algorithm: str = _UNSET,
 
     Arguments:
       fun: any function: a loss, its gradient, a whole training step. Its
-        arguments are pytrees; array leaves are traced, and Python numbers
-        passed as whole arguments (as ``jax.jit`` traces them); every other
-        leaf (a function, a string, a number inside a pytree such as an
-        Equinox module's dropout rate) is static, as ``equinox.filter_jit``
-        keeps it.
+        arguments are pytrees; array leaves and Python numbers are traced (as
+        ``jax.jit`` traces them: a Flax ``TrainState``'s ``step=0``), except
+        numbers inside an Equinox module (a dropout rate), which are static, as
+        ``equinox.filter_jit`` keeps them; every other leaf (a function, a
+        string) is static.
       memory_limit: the footprint XLA may use (arguments + outputs + temporaries -
         aliased bytes, as ``compile().memory_analysis()`` reports): an int > 0
         (bytes), a string (``"512MiB"``, ``"2GiB"``), or a float in (0, 1]: the

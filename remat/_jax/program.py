@@ -4,8 +4,9 @@ A call ``fun(*args, **kwargs)`` is split as ``jax.jit`` splits it, plus what
 ``equinox.filter_jit`` adds: arguments named by ``static_argnums`` /
 ``static_argnames`` are static (hashed, baked into the trace), and inside the other
 arguments every leaf that is not an array (a function, a string, None, an
-object) is static too. What remains, the arrays and Python numbers, are the
-program's dynamic inputs, in a fixed order (:class:`CallSplit`).
+object), and a Python number inside an Equinox module, is static too. What
+remains, the arrays and other Python numbers, are the program's dynamic inputs,
+in a fixed order (:class:`CallSplit`).
 
 The pipeline: trace (``jax.make_jaxpr`` of the dynamic inputs) -> flatten
 (``inline.inline_calls``) -> planning graph (``to_graph.jaxpr_to_graph``); then,
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -36,16 +38,31 @@ __all__ = ["CallSpec", "CallSplit", "Program", "trace_program", "is_dynamic"]
 _NUMBERS = (bool, int, float, complex)
 
 
-def is_dynamic(leaf: Any, whole: bool = True) -> bool:
+def is_dynamic(leaf: Any, in_module: bool = False) -> bool:
     """Whether a leaf is traced rather than static: an array, or a Python number
-    that is a ``whole`` argument (as ``jax.jit`` traces it). A number inside a
-    pytree (an Equinox module's dropout rate or ``inference`` flag) is static,
-    as ``equinox.filter_jit`` keeps it: traced, ``if`` on it would fail and a
-    gradient would be taken with respect to it (and an optimizer would move it)."""
+    (as ``jax.jit`` traces it) unless it sits ``in_module``, inside an Equinox
+    module, where ``equinox.filter_jit`` keeps it static (a dropout rate, an
+    ``inference`` flag: traced, ``if`` on it would fail and a gradient would be
+    taken with respect to it, which an optimizer would then move)."""
     if isinstance(leaf, _NUMBERS):
-        return whole
+        return not in_module
     return (isinstance(leaf, (jax.Array, np.ndarray, np.generic)) or
             hasattr(leaf, "__jax_array__"))
+
+
+def _in_modules(tree: Any) -> list[bool]:
+    """For each leaf of ``tree`` (in ``tree_leaves`` order), whether it sits
+    inside an Equinox module (none without Equinox imported)."""
+    eqx = sys.modules.get("equinox")
+    if eqx is None:
+        return [False] * len(jax.tree_util.tree_leaves(tree))
+    flags = []
+    for node in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, eqx.Module)):
+        if isinstance(node, eqx.Module):
+            flags += [True] * len(jax.tree_util.tree_leaves(node))
+        else:
+            flags.append(False)
+    return flags
 
 
 class _Static:
@@ -144,8 +161,18 @@ class CallSplit:
             trees.append((tree, len(leaves)))
             placed = (next(given, None) if not static else None) if given else None
             placed = ([None] * len(leaves) if placed is None else placed)
-            for leaf, sharding in zip(leaves, placed):
-                dyn = is_dynamic(leaf, whole=leaf is value)
+            inside = _in_modules(value) if not static else [False]
+            for leaf, sharding, in_module in zip(leaves, placed, inside):
+                if isinstance(leaf, core.Tracer):
+                    raise TypeError(
+                        "remat.jit/remat.plan: an argument is a traced value (the "
+                        "call is inside jax.grad, jax.vmap, jax.jit, a scan ...). "
+                        "remat.jit plans and compiles a whole program for concrete "
+                        "arguments, so it must be the outermost transformation: apply "
+                        "the others inside it (remat.jit(jax.grad(loss)), not "
+                        "jax.grad(remat.jit(loss))). Inside a traced function, "
+                        "checkpoint by hand with remat.checkpoint.")
+                dyn = is_dynamic(leaf, in_module)
                 kinds.append(dyn)
                 if dyn:
                     donated += [len(dynamic)] if donate else []
@@ -164,8 +191,7 @@ class CallSplit:
         def rebuild(dyn):
             return _assemble(trees, kinds, statics, list(dyn), names, n)
 
-        avals = tuple((core.shaped_abstractify(x), getattr(x, "sharding", None))
-                      for x in dynamic)
+        avals = tuple((core.shaped_abstractify(x), _placement(x)) for x in dynamic)
         key = (tuple(names), n, tuple(t for t, _ in trees), tuple(kinds), tuple(statics),
                avals, tuple(donated), tuple(map(repr, shardings)))
         return cls(tuple(dynamic), key, tuple(donated), rebuild, tuple(shardings))
@@ -351,11 +377,15 @@ def _spec(x, given=None) -> jax.ShapeDtypeStruct:
     its own if it spans several devices, as ``jax.jit`` places single-device
     inputs itself)."""
     aval = core.shaped_abstractify(x)
-    sharding = given if given is not None else getattr(x, "sharding", None)
-    if sharding is not None and len(sharding.device_set) < 2:
-        sharding = None
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding,
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=_placement(x, given),
                                 weak_type=aval.weak_type)
+
+
+def _placement(x, given=None):
+    """The sharding an input is compiled for: the one given, or its own if it
+    spans several devices; None for one device (a Python number's too)."""
+    sharding = given if given is not None else getattr(x, "sharding", None)
+    return sharding if sharding is not None and len(sharding.device_set) > 1 else None
 
 
 def _digest(consts) -> str:

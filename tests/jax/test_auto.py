@@ -63,6 +63,25 @@ def test_limit_met_and_gradients_unchanged(plain, algorithm):
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-9)
 
 
+def test_compiled_ahead_of_time_takes_the_functions_arguments():
+    step = remat.jit(jax.grad(_loss), memory_limit=0.7)
+    ws, x = _inputs(1)
+    compiled = step.lower(ws, x).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes > 0    # jax.jit's methods
+    for g, w in zip(compiled(ws, x), step(ws, x)):
+        np.testing.assert_array_equal(g, w)
+    with pytest.raises(TypeError, match="lowered for arguments of other shapes"):
+        compiled(ws, x[:8])
+
+
+@pytest.mark.parametrize("outer", [jax.grad, jax.jit, lambda f: jax.vmap(f, (None, 0))])
+def test_under_a_transformation_it_says_to_put_it_outermost(outer):
+    ws, x = _inputs(1)
+    step = remat.jit(_loss, memory_limit=0.7)
+    with pytest.raises(TypeError, match=r"outermost transformation.*remat.jit\(jax.grad"):
+        outer(step)(ws, x[None] if outer not in (jax.grad, jax.jit) else x)
+
+
 def test_limit_in_bytes_and_strings(plain):
     ws, x = _inputs(2)
     limit = int(0.9 * _footprint(plain))
@@ -471,6 +490,36 @@ def test_numbers_inside_a_module_are_static_as_filter_jit_keeps_them():
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
                                    rtol=1e-5, atol=1e-6)
     assert planned.plan_for(*args[:4], 3.0) is planned.plan_for(*args)   # traced
+
+
+def _deep(w, x):
+    for _ in range(8):
+        x = jnp.tanh(x @ w)
+    return x
+
+
+def test_numbers_elsewhere_are_traced_as_jax_jit_traces_them():
+    # A Flax TrainState starts at step=0, a Python int, and comes back as an
+    # array: as under jax.jit, one program serves both calls.
+    traces = []
+
+    def step(state, x):
+        traces.append(1)
+        w = state["w"]
+        g = jax.grad(lambda w: jnp.sum(_deep(w, x) ** 2))(w)
+        return {"w": w - state["lr"] * g, "step": state["step"] + 1, "lr": state["lr"]}
+
+    r = np.random.default_rng(0)
+    state = {"w": jnp.asarray(r.normal(size=(256, 256)) / 16, jnp.float32), "step": 0,
+             "lr": 0.1}
+    x = jnp.asarray(r.normal(size=(1024, 256)), jnp.float32)
+    planned = remat.jit(step, memory_limit=0.7)
+    first = planned(state, x)
+    assert first["step"].shape == () and len(traces) == 1
+    second = planned(first, x)
+    assert len(traces) == 1 and int(second["step"]) == 2
+    want = jax.jit(step)(jax.jit(step)(state, x), x)
+    np.testing.assert_allclose(second["w"], want["w"], rtol=1e-5, atol=1e-6)
 
 
 def test_a_conv_net_falls_back_to_the_conditional_where_the_gate_keeps_too_much():
