@@ -39,15 +39,17 @@ _NUMBERS = (bool, int, float, complex)
 
 
 def is_dynamic(leaf: Any, in_module: bool = False) -> bool:
-    """Whether a leaf is traced rather than static: an array, or a Python number
+    """Whether a leaf is traced rather than static: an array, a
+    ``jax.ShapeDtypeStruct`` (to plan and lower from shapes alone, as
+    ``jax.jit(f).lower`` takes them), or a Python number
     (as ``jax.jit`` traces it) unless it sits ``in_module``, inside an Equinox
     module, where ``equinox.filter_jit`` keeps it static (a dropout rate, an
     ``inference`` flag: traced, ``if`` on it would fail and a gradient would be
     taken with respect to it, which an optimizer would then move)."""
     if isinstance(leaf, _NUMBERS):
         return not in_module
-    return (isinstance(leaf, (jax.Array, np.ndarray, np.generic)) or
-            hasattr(leaf, "__jax_array__"))
+    return (isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
+            or hasattr(leaf, "__jax_array__"))
 
 
 def _in_modules(tree: Any) -> list[bool]:

@@ -74,6 +74,15 @@ def test_compiled_ahead_of_time_takes_the_functions_arguments():
         compiled(ws, x[:8])
 
 
+def test_planned_from_shapes_alone_as_from_arrays():
+    ws, x = _inputs(1)
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (ws, x))
+    from_shapes = remat.plan(jax.grad(_loss), *shapes, memory_limit=0.7)
+    from_arrays = remat.plan(jax.grad(_loss), ws, x, memory_limit=0.7)
+    assert from_shapes.met and from_shapes.planned.total == from_arrays.planned.total
+    assert from_shapes.recomputed == from_arrays.recomputed
+
+
 @pytest.mark.parametrize("outer", [jax.grad, jax.jit, lambda f: jax.vmap(f, (None, 0))])
 def test_under_a_transformation_it_says_to_put_it_outermost(outer):
     ws, x = _inputs(1)
