@@ -192,6 +192,27 @@ class RematJitted:
         plan, split = self._entry(args, kwargs)
         return plan.compiled._compiled(*split.dynamic)
 
+    def __get__(self, obj, objtype=None):
+        """As a method, the object comes first (``static_argnums=0`` for an
+        object that is not a pytree), as ``jax.jit`` binds it."""
+        return self if obj is None else _BoundJitted(self, obj)
+
+
+class _BoundJitted:
+    """A :class:`RematJitted` method bound to an object (passed first)."""
+
+    def __init__(self, jitted: RematJitted, obj: Any):
+        self._jitted, self._obj = jitted, obj
+
+    def __call__(self, *args, **kwargs):
+        return self._jitted(self._obj, *args, **kwargs)
+
+    def plan_for(self, *args, **kwargs) -> Plan:
+        return self._jitted.plan_for(self._obj, *args, **kwargs)
+
+    def lower(self, *args, **kwargs) -> "Lowered":
+        return self._jitted.lower(self._obj, *args, **kwargs)
+
 
 class Lowered:
     """``remat.jit(f).lower(*args)``: ``jax.jit``'s lowered program of the plan

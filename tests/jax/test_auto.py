@@ -1,5 +1,6 @@
 """remat.jit / remat.plan: limits met by XLA's own figure, gradients unchanged."""
 
+import functools
 import os
 import types
 
@@ -72,6 +73,22 @@ def test_compiled_ahead_of_time_takes_the_functions_arguments():
         np.testing.assert_array_equal(g, w)
     with pytest.raises(TypeError, match="lowered for arguments of other shapes"):
         compiled(ws, x[:8])
+
+
+def test_a_method_gets_its_object_first_as_under_jax_jit():
+    class Trainer:
+        scale = 2.0
+
+        @functools.partial(remat.jit, memory_limit=0.7, static_argnums=0)
+        def grads(self, ws, x):
+            return jax.grad(lambda ws: self.scale * _loss(ws, x))(ws)
+
+    ws, x = _inputs(1)
+    trainer = Trainer()
+    assert trainer.grads.plan_for(ws, x).met
+    want = jax.grad(lambda ws: 2.0 * _loss(ws, x))(ws)
+    for g, w in zip(trainer.grads(ws, x), want):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-9)
 
 
 def test_planned_from_shapes_alone_as_from_arrays():
