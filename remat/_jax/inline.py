@@ -4,8 +4,9 @@ The compiler inlines ``jit`` calls, ``closed_call``, custom-derivative calls (wh
 derivative rules have already run by the time a gradient is traced) and checkpoint
 regions, so the automatic pass sees through them too and plans on one flat list of
 equations. A ``cond`` whose branch index is a constant (JAX folds a predicate it
-can decide, as optax.MultiSteps' skip test, into a literal) is its branch: XLA
-inlines it too. Other control flow (``scan``, ``while``, ``cond``) stays as one
+can decide, as optax.MultiSteps' skip test, into a literal; a scalar equation
+of constants, as ``lax.switch``'s clamp of a constant index, is folded here) is
+its branch: XLA inlines it too. Other control flow (``scan``, ``while``, ``cond``) stays as one
 equation.
 
 Inside a checkpoint region, repeated computations are merged: an equation with
@@ -89,6 +90,10 @@ def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
 
         for eqn in eqn_list:
             invars = [rd(v) for v in eqn.invars]
+            folded = _folded(eqn, invars)
+            if folded is not None:
+                local.update(zip(eqn.outvars, folded))
+                continue
             found = _body(eqn, invars)
             if found is None:
                 key = _merge_key(eqn, invars)
@@ -128,6 +133,29 @@ def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
                       debug_info=jaxpr.debug_info)
     flat, _ = pe.dce_jaxpr(flat, [True] * len(outvars), instantiate=True)
     return core.ClosedJaxpr(flat, consts)
+
+
+def _folded(eqn: core.JaxprEqn, invars: list) -> list | None:
+    """The results of a scalar equation of constants, as literals (as XLA folds
+    it: a ``lax.switch`` on a constant index clamps it first), or None."""
+    if (eqn.effects or eqn.primitive.name in _NEVER_MERGED or _has_body(eqn)
+            or not all(isinstance(v, core.Literal) for v in invars)
+            or not all(getattr(v.aval, "shape", None) == () for v in eqn.outvars)):
+        return None
+    try:
+        out = eqn.primitive.bind(*(np.asarray(v.val) for v in invars), **eqn.params)
+    except Exception:       # (nothing to fold it with: left to the compiler)
+        return None
+    out = out if eqn.primitive.multiple_results else [out]
+    return [core.Literal(np.asarray(o).astype(v.aval.dtype), v.aval)
+            for o, v in zip(out, eqn.outvars)]
+
+
+def _has_body(eqn: core.JaxprEqn) -> bool:
+    """Whether ``eqn`` calls a jaxpr (a call, a loop, a conditional)."""
+    bodies = (core.Jaxpr, core.ClosedJaxpr)
+    return any(isinstance(p, bodies) or isinstance(p, (tuple, list)) and any(
+        isinstance(q, bodies) for q in p) for p in eqn.params.values())
 
 
 def has_regions(jaxpr: core.Jaxpr) -> bool:

@@ -88,3 +88,15 @@ def test_a_cond_with_a_constant_index_is_its_branch():
     assert _primitives(flat).count("cond") == 1 and "sub" in _primitives(flat)
     assert "mul" not in _primitives(flat)
     np.testing.assert_allclose(core.jaxpr_as_fun(flat)(x, y)[0], step(x, y))
+
+
+def test_a_switch_on_a_constant_index_is_its_branch_and_loops_are_not_run():
+    def step(x):
+        y = jax.lax.switch(jnp.array(7), [jnp.sin, jnp.cos, lambda v: v * 3], x)  # clamped
+        n = jax.lax.fori_loop(0, 3, lambda i, c: c + i, 0)    # constants, left to XLA
+        return y + n
+    flat = inline_calls(jax.make_jaxpr(step)(1.0))
+    names = _primitives(flat)
+    assert "cond" not in names and "clamp" not in names and "sin" not in names
+    assert any(n in ("while", "scan") for n in names)
+    np.testing.assert_allclose(core.jaxpr_as_fun(flat)(2.0)[0], step(2.0))
