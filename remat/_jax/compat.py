@@ -134,3 +134,11 @@ def region_debug_info() -> core.DebugInfo:
     """Debug info for a region body cut out of a program by the automatic pass
     (no argument names or result paths of its own)."""
     return core.DebugInfo("remat.jit region", "<remat region>", None, None)
+
+
+def sharding_proto(sharding, ndim: int):
+    """``sharding`` (a ``NamedSharding``) as the lowering annotates a value with
+    it: Shardy's form where JAX lowers to Shardy, else XLA's ``OpSharding``."""
+    if jax.config.jax_use_shardy_partitioner:
+        return sharding._to_sdy_sharding(ndim)
+    return sharding._to_xla_hlo_sharding(ndim).to_proto()

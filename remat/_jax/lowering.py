@@ -138,7 +138,7 @@ def _ordered_effects(jaxpr):
     return list(effects.ordered_effects.filter_in(jaxpr.effects))
 
 
-def _lower_cond(ctx, jaxpr, args):
+def _lower_cond(ctx, jaxpr, args, out_shardings=()):
     ordered = _ordered_effects(jaxpr)
     tokens_in = ctx.tokens_in.subset(ordered)
     flat_types, treedef = _out_types(ctx, ordered)
@@ -146,7 +146,7 @@ def _lower_cond(ctx, jaxpr, args):
     with ir.InsertionPoint(if_op.true_branch.blocks.append()):
         outs, tokens_out = _inline(ctx, jaxpr, args, tokens_in)
         flat, _ = mlir.ir_tree_registry.flatten(
-            [*(tokens_out.get(e) for e in ordered), *outs])
+            [*(tokens_out.get(e) for e in ordered), *_placed(ctx, outs, out_shardings)])
         hlo.return_(flat)
     with ir.InsertionPoint(if_op.false_branch.blocks.append()):
         flat, _ = mlir.ir_tree_registry.flatten(
@@ -154,7 +154,26 @@ def _lower_cond(ctx, jaxpr, args):
         hlo.return_(flat)
     results = treedef.unflatten(list(if_op.results))
     ctx.set_tokens_out(mlir.TokenSet(dict(zip(ordered, results[:len(ordered)]))))
-    return results[len(ordered):]
+    return _placed(ctx, results[len(ordered):], out_shardings)
+
+
+def _placed(ctx, outs, out_shardings):
+    """``outs`` annotated with ``out_shardings`` (a sharding or None per output;
+    the rest none): XLA's partitioner does not carry the shardings it works out
+    for a region's values through a conditional, and would make the region's
+    results whole on every device unless both the branch's results and the
+    conditional's carry them."""
+    if not any(out_shardings):
+        return outs
+    placed = list(outs)
+    for k, (sharding, aval) in enumerate(zip(out_shardings, ctx.avals_out)):
+        single = placed[k][0] if isinstance(placed[k], tuple) and len(placed[k]) == 1 \
+            else placed[k]
+        if sharding is not None and isinstance(single, ir.Value):
+            single = mlir.wrap_with_sharding_op(
+                ctx, single, aval, compat.sharding_proto(sharding, aval.ndim))
+            placed[k] = (single,) if isinstance(placed[k], tuple) else single
+    return placed
 
 
 #: Ops XLA:CPU runs with a slow generic kernel inside nested computations (a
@@ -185,7 +204,7 @@ def _reads_slow_nested(jaxpr: core.Jaxpr) -> bool:
             any(_reads_slow_nested(sub) for sub in core.subjaxprs(jaxpr)))
 
 
-def _lower_gated(ctx, jaxpr, args, num_late: int):
+def _lower_gated(ctx, jaxpr, args, num_late: int, out_shardings=()):
     """``"cond"`` for a region whose last ``num_late`` inputs are cotangents.
 
     When the part of the body that reads the cotangents (the backward pass) holds
@@ -207,11 +226,11 @@ def _lower_gated(ctx, jaxpr, args, num_late: int):
     late_avals, late_args = ctx.avals_in[n_early:], args[n_early:]
     if (not any(map(_readable, late_avals, late_args)) or
         _ordered_effects(jaxpr)):
-        return _lower_cond(ctx, jaxpr, args)
+        return _lower_cond(ctx, jaxpr, args, out_shardings)
     known, rest, out_unknowns, _ = pe.partial_eval_jaxpr_nounits(
         pe.close_jaxpr(jaxpr), [False] * n_early + [True] * num_late, False)
     if not known.jaxpr.eqns or not _reads_slow_nested(rest.jaxpr):
-        return _lower_cond(ctx, jaxpr, args)
+        return _lower_cond(ctx, jaxpr, args, out_shardings)
     pred = _always_true(ctx)
     for gate in [_first_element_f32(a, x) for a, x in zip(late_avals, late_args)
                  if _readable(a, x)]:
@@ -371,7 +390,7 @@ def _default_on(ctx, jaxpr: core.Jaxpr, platform_default: str) -> str:
 
 
 def _lower(ctx, *args, jaxpr: core.Jaxpr, prevent_cse, differentiated, lowering,
-           platform_default: str, num_late: int = 0, **_):
+           platform_default: str, num_late: int = 0, out_shardings=(), **_):
     protect = ((prevent_cse,) * len(args) if isinstance(prevent_cse, bool)
                else prevent_cse)
     if not differentiated or not any(protect):
@@ -382,8 +401,8 @@ def _lower(ctx, *args, jaxpr: core.Jaxpr, prevent_cse, differentiated, lowering,
     if strategy == "barrier":
         return _lower_barrier(ctx, jaxpr, args, protect)
     if strategy == "cond":
-        return (_lower_gated(ctx, jaxpr, args, num_late) if num_late
-                else _lower_cond(ctx, jaxpr, args))
+        return (_lower_gated(ctx, jaxpr, args, num_late, out_shardings) if num_late
+                else _lower_cond(ctx, jaxpr, args, out_shardings))
     if strategy == "gate":
         return (_lower_gate(ctx, jaxpr, args, protect, num_late) if num_late
                 else _lower_cond(ctx, jaxpr, args))

@@ -23,7 +23,7 @@ from remat._jax.lowering import default_strategy, fallback_strategy
 from remat._jax.pins import pin_late_reads
 from remat._jax.program import Program
 from remat._jax.rewrite import rewrite_jaxpr
-from remat._jax.sharding import keep_output_shardings
+from remat._jax.sharding import keep_output_shardings, value_shardings
 from remat._jax.to_graph import jaxpr_to_graph
 from remat._jax.xla_figures import XlaFootprint, single_platform
 from remat.core.algorithms import (PlanResult, consolidated, get_algorithm,
@@ -152,6 +152,8 @@ class Planner:
         # the plain program reading late, until compiled (None: nothing to decide)
         self._undecided_late = late if late is not plain_jaxpr else None
         self.reference = self.plain        # what the columns' estimates convert by
+        # each value's sharding, on several devices (regions' results carry it)
+        self.placed = value_shardings(program.flat.jaxpr, program.specs)
         self._other_compiles = 0           # besides the plans' (the reading-late one)
         # The first order with each algorithm first (the strongest planner last
         # among them), then the other orders: a new order costs compiles of its
@@ -341,7 +343,7 @@ class Planner:
         start = time.perf_counter()
         with gc_paused():
             flat = self.program.flat
-            jaxpr = rewrite_jaxpr(flat.jaxpr, result.rewritten, lowering)
+            jaxpr = rewrite_jaxpr(flat.jaxpr, result.rewritten, lowering, self.placed)
             if self.reads_late:
                 jaxpr = pin_late_reads(jaxpr)
             jaxpr = core.ClosedJaxpr(jaxpr, flat.consts)

@@ -341,6 +341,9 @@ def remat_dce(used_outputs: list[bool], eqn: core.JaxprEqn):
                       prevent_cse=_cse_select(eqn.params["prevent_cse"], used_inputs),
                       num_late=sum(used_inputs[len(used_inputs) - num_late:])
                       if num_late else 0)
+    if "out_shardings" in new_params:       # (the automatic pass's regions)
+        new_params["out_shardings"] = tuple(_select(used_outputs,
+                                                    list(new_params["out_shardings"])))
     new_eqn = pe.new_jaxpr_eqn(
         new_invars, _select(used_outputs, eqn.outvars), remat_p, new_params,
         core.eqn_effects(new_body, new_invars), eqn.source_info, eqn.ctx)

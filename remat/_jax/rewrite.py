@@ -23,10 +23,12 @@ from remat._jax.primitive import remat_p
 from remat.core.plan import Rewritten
 
 
-def rewrite_jaxpr(jaxpr: core.Jaxpr, plan: Rewritten, lowering: str | None = None
-                  ) -> core.Jaxpr:
+def rewrite_jaxpr(jaxpr: core.Jaxpr, plan: Rewritten, lowering: str | None = None,
+                  placed: dict | None = None) -> core.Jaxpr:
     """The program of ``plan``, built from the equations of ``jaxpr``; its regions
-    lowered with ``lowering`` (None: the platform's default, see ``lowering.py``)."""
+    lowered with ``lowering`` (None: the platform's default, see ``lowering.py``),
+    their results placed by ``placed`` (a var's sharding, on several devices:
+    ``sharding.value_shardings``)."""
     eqns = jaxpr.eqns
     block_start = {block[0]: k for k, block in enumerate(plan.blocks) if block}
     last_read = _last_reads(jaxpr, plan)
@@ -42,7 +44,7 @@ def rewrite_jaxpr(jaxpr: core.Jaxpr, plan: Rewritten, lowering: str | None = Non
         block = plan.blocks[block_start[op]]
         eqn = _region_eqn(
             [eqns[plan.origin[o]] for o in block], [plan.is_copy[o] for o in block],
-            last_read, step + len(block) - 1, lowering)
+            last_read, step + len(block) - 1, lowering, placed or {})
         eqn, done = _after(eqn, done)
         new_eqns.append(eqn)
         step += len(block)
@@ -93,6 +95,8 @@ def _after(eqn: core.JaxprEqn, done: core.Var | None
     outvars = [*body.outvars, core.Literal(np.float32(1), core.ShapedArray((), _F32))]
     new_body = body.replace(invars=body_invars, outvars=outvars, eqns=eqns)
     params = dict(eqn.params, jaxpr=new_body)
+    if "out_shardings" in params:
+        params["out_shardings"] = (*params["out_shardings"], None)
     return eqn.replace(invars=invars, outvars=[*eqn.outvars, ran], params=params), ran
 
 
@@ -116,9 +120,10 @@ def _last_reads(jaxpr: core.Jaxpr, plan: Rewritten) -> dict:
 
 
 def _region_eqn(block_eqns, copies, last_read: dict, end: int,
-                lowering: str | None) -> core.JaxprEqn:
+                lowering: str | None, placed: dict) -> core.JaxprEqn:
     """One ``remat_p`` equation running ``block_eqns`` (copies first), the last
-    of them at step ``end``."""
+    of them at step ``end``; its results annotated with their shardings in
+    ``placed``, if any."""
     rename: dict = {}        # outer var -> var inside the body
     inputs: list = []        # outer vars the body reads, in first-use order
     body_eqns = []
@@ -152,8 +157,10 @@ def _region_eqn(block_eqns, copies, last_read: dict, end: int,
                       body_eqns,
                       effects=core.join_effects(*(e.effects for e in body_eqns)),
                       debug_info=region_debug_info())
-    return core.new_jaxpr_eqn(
-        list(inputs), list(outputs), remat_p,
-        dict(jaxpr=body, prevent_cse=True, differentiated=True, policy=None,
-             lowering=lowering, num_late=len(inputs) - (num_early or 0)),
-        body.effects, block_eqns[-1].source_info)
+    params = dict(jaxpr=body, prevent_cse=True, differentiated=True, policy=None,
+                  lowering=lowering, num_late=len(inputs) - (num_early or 0))
+    out_shardings = tuple(placed.get(v) for v in outputs)
+    if any(out_shardings):
+        params["out_shardings"] = out_shardings
+    return core.new_jaxpr_eqn(list(inputs), list(outputs), remat_p, params,
+                              body.effects, block_eqns[-1].source_info)

@@ -54,7 +54,7 @@ from jax.sharding import NamedSharding, PartitionSpec, Sharding
 from .compat_graph import Jaxpr, Literal, Var
 
 __all__ = ["Layout", "per_device_bytes", "input_layouts", "program_sizes",
-           "keep_output_shardings"]
+           "keep_output_shardings", "value_layouts", "value_shardings"]
 
 #: For each dimension of a value, the mesh axes that split it (major first).
 Layout = tuple[tuple[str, ...], ...]
@@ -146,6 +146,17 @@ def per_device_bytes(jaxpr: Jaxpr, in_layouts: Sequence[Layout | None],
     results) that some mesh axis splits; values not in the result are whole on
     every device. ``axis_sizes`` gives the mesh axes' sizes (it grows with the
     axes the equations name)."""
+    sizes: dict[Var, int] = {}
+    for var, layout in value_layouts(jaxpr, in_layouts, axis_sizes).items():
+        if any(layout):
+            sizes[var] = local_nbytes(var.aval, layout, axis_sizes)
+    return sizes
+
+
+def value_layouts(jaxpr: Jaxpr, in_layouts: Sequence[Layout | None],
+                  axis_sizes: dict[str, int]) -> dict[Var, Layout]:
+    """The layout of each value of ``jaxpr`` that one is worked out for (see the
+    module docstring)."""
     layouts: dict[Var, Layout] = {}
     for var, layout in zip(jaxpr.invars, in_layouts):
         own = _aval_layout(var.aval, axis_sizes)
@@ -161,11 +172,30 @@ def per_device_bytes(jaxpr: Jaxpr, in_layouts: Sequence[Layout | None],
             if chosen is not None and isinstance(var, Var):
                 layouts[var] = chosen
     _propagate_back(jaxpr, layouts, axis_sizes)
-    sizes: dict[Var, int] = {}
-    for var, layout in layouts.items():
-        if any(layout):
-            sizes[var] = local_nbytes(var.aval, layout, axis_sizes)
-    return sizes
+    return layouts
+
+
+def value_shardings(jaxpr: Jaxpr, specs: Sequence[Any]) -> dict[Var, NamedSharding]:
+    """The sharding of each value of ``jaxpr`` (a flat program over ``specs``,
+    its inputs) that a mesh axis splits, over the one mesh of the inputs'
+    shardings; empty for a program on one device. A recomputing region's
+    results are annotated with theirs (``rewrite.py``): XLA's partitioner
+    cannot see through the region's conditional and would make them whole."""
+    meshes = {s.mesh for s in (getattr(x, "sharding", None) for x in specs)
+              if isinstance(s, NamedSharding)}
+    if len(meshes) != 1:
+        return {}
+    (mesh,) = meshes
+    if mesh.size < 2:
+        return {}
+    layouts, axis_sizes = input_layouts(specs, {}, {})
+    shardings = {}
+    for var, layout in value_layouts(jaxpr, layouts, axis_sizes).items():
+        if any(layout) and all(a in mesh.axis_names for axes in layout for a in axes):
+            spec = PartitionSpec(*(axes[0] if len(axes) == 1 else (axes or None)
+                                   for axes in layout))
+            shardings[var] = NamedSharding(mesh, spec)
+    return shardings
 
 
 def local_nbytes(aval: Any, layout: Layout, axis_sizes: Mapping[str, int]) -> int:

@@ -18,6 +18,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8")
 
 import json      # noqa: E402
+import re        # noqa: E402
 import sys       # noqa: E402
 
 import jax       # noqa: E402
@@ -52,6 +53,32 @@ def data_parallel():
             x = jnp.tanh(x @ w)
         return jnp.sum(x ** 2)
     return jax.grad(loss), _inputs(mesh, P(), P(("data", "model"), None)), {}
+
+
+def flax_layers():
+    """A Flax MLP (Dense, LayerNorm, gelu, dropout) whose batch is split over all 8
+    devices: the plans' regions return split activations made from replicated
+    parameters, which XLA's partitioner makes whole on every device unless the
+    regions' results carry their shardings."""
+    import flax.linen as nn
+    mesh = _mesh()
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for _ in range(6):
+                x = nn.gelu(nn.LayerNorm()(nn.Dense(WIDTH)(x)))
+                x = nn.Dropout(0.1, deterministic=False)(x)
+            return x
+
+    model = MLP()
+    x = jax.device_put(jax.random.normal(jax.random.key(0), (4 * BATCH, WIDTH)),
+                       NamedSharding(mesh, P(("data", "model"), None)))
+    params = jax.device_put(model.init(jax.random.key(1), x[:8]),
+                            NamedSharding(mesh, P()))
+    def loss(p, x, key):
+        return jnp.sum(model.apply(p, x, rngs={"dropout": key}) ** 2)
+    return jax.grad(loss), (params, x, jax.random.key(2)), {}
 
 
 def two_dim():
@@ -150,7 +177,7 @@ def accumulated():
 
 
 CASES = {f.__name__: f for f in (data_parallel, two_dim, fsdp, shard_map_psum, explicit,
-                                 in_out_shardings, accumulated)}
+                                 in_out_shardings, accumulated, flax_layers)}
 
 
 def run(name: str, fraction: float = FRACTION, algorithm: str | None = None) -> dict:
@@ -168,6 +195,8 @@ def run(name: str, fraction: float = FRACTION, algorithm: str | None = None) -> 
         p = step.plan_for(*args)
         got = step(*copy(args)) if donated else step(*args)
     m = plain_c.memory_analysis()
+    gathers = lambda text: len(re.findall(r" all-gather(?:-start)?\(", text))
+    added_gathers = gathers(step.lower(*args).compile().as_text()) - gathers(plain_c.as_text())
     diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
                zip(jax.tree.leaves(plain), jax.tree.leaves(got)))
     scale = max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(plain))
@@ -179,6 +208,7 @@ def run(name: str, fraction: float = FRACTION, algorithm: str | None = None) -> 
                 temp_ratio=p.planned.temp / max(m.temp_size_in_bytes, 1),
                 regions=len(p.result.regions), recomputed=p.recomputed,
                 max_diff=diff, scale=scale, same_shardings=same_shardings,
+                added_gathers=added_gathers,
                 devices=jax.device_count())
 
 
