@@ -6,8 +6,8 @@ regions, so the automatic pass sees through them too and plans on one flat list 
 equations. A ``cond`` whose branch index is a constant (JAX folds a predicate it
 can decide, as optax.MultiSteps' skip test, into a literal; a scalar equation
 of constants, as ``lax.switch``'s clamp of a constant index, is folded here) is
-its branch: XLA inlines it too. Other control flow (``scan``, ``while``, ``cond``) stays as one
-equation.
+its branch: XLA inlines it too. Other control flow (``scan``, ``while``,
+``cond``) stays as one equation.
 
 Inside a checkpoint region, repeated computations are merged: an equation with
 the same primitive, operands and parameters as an earlier one (and no effects) is

@@ -160,9 +160,9 @@ def _lower_cond(ctx, jaxpr, args, out_shardings=()):
 def _placed(ctx, outs, out_shardings):
     """``outs`` annotated with ``out_shardings`` (a sharding or None per output;
     the rest none): XLA's partitioner does not carry the shardings it works out
-    for a region's values through a conditional, and would make the region's
-    results whole on every device unless both the branch's results and the
-    conditional's carry them."""
+    for a region's values through a conditional, and gathers the conditional's
+    results whole on every device unless they carry them (the branch's results
+    are annotated too)."""
     if not any(out_shardings):
         return outs
     placed = list(outs)
