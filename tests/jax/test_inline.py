@@ -100,3 +100,16 @@ def test_a_switch_on_a_constant_index_is_its_branch_and_loops_are_not_run():
     assert "cond" not in names and "clamp" not in names and "sin" not in names
     assert any(n in ("while", "scan") for n in names)
     np.testing.assert_allclose(core.jaxpr_as_fun(flat)(2.0)[0], step(2.0))
+
+
+def test_optax_multisteps_update_has_no_conditional_left():
+    # Its skip test is a constant False: the update is one branch, planned through.
+    optax = pytest.importorskip("optax")
+    tx = optax.MultiSteps(optax.adam(1e-3), 2)
+    params = {"w": jnp.ones((4, 4))}
+
+    def update(grads, state):
+        return tx.update(grads, state, params)
+    traced = jax.make_jaxpr(update)(params, tx.init(params))
+    assert any(e.primitive.name == "cond" for e in traced.jaxpr.eqns)
+    assert "cond" not in _primitives(inline_calls(traced))
