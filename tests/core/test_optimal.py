@@ -89,7 +89,7 @@ def test_a_solve_out_of_time_leaves_no_least_peak_search(monkeypatch):
                                       mip_gap=None, mip_dual_bound=None)
     monkeypatch.setattr(optimal_program.Program, "solve",
                         lambda self, target, seconds, *rest, **kw:
-                        (time.sleep(seconds + 0.01), (timed_out, 0))[1])
+                        (time.sleep(max(seconds, 0) + 0.01), (timed_out, 0))[1])
     monkeypatch.setattr(optimal_program.Program, "least_peak",
                         lambda *args: searches.append(args))
     r = _plan("optimal", g, _limit(g, 0.3), solver_seconds=0.05)
