@@ -138,9 +138,9 @@ def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
 def _folded(eqn: core.JaxprEqn, invars: list) -> list | None:
     """The results of a scalar equation of constants, as literals (as XLA folds
     it: a ``lax.switch`` on a constant index clamps it first), or None."""
-    if (eqn.effects or eqn.primitive.name in _NEVER_MERGED or _has_body(eqn)
-            or not all(isinstance(v, core.Literal) for v in invars)
-            or not all(getattr(v.aval, "shape", None) == () for v in eqn.outvars)):
+    if (not all(isinstance(v, core.Literal) for v in invars) or eqn.effects
+            or not all(getattr(v.aval, "shape", None) == () for v in eqn.outvars)
+            or eqn.primitive.name in _NEVER_MERGED or _has_body(eqn)):
         return None
     try:
         out = eqn.primitive.bind(*(np.asarray(v.val) for v in invars), **eqn.params)

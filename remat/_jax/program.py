@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import itertools
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -52,12 +53,12 @@ def is_dynamic(leaf: Any, in_module: bool = False) -> bool:
             or hasattr(leaf, "__jax_array__"))
 
 
-def _in_modules(tree: Any) -> list[bool]:
+def _in_modules(tree: Any) -> Iterable[bool]:
     """For each leaf of ``tree`` (in ``tree_leaves`` order), whether it sits
     inside an Equinox module (none without Equinox imported)."""
     eqx = sys.modules.get("equinox")
     if eqx is None:
-        return [False] * len(jax.tree_util.tree_leaves(tree))
+        return itertools.repeat(False)
     flags = []
     for node in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, eqx.Module)):
         if isinstance(node, eqx.Module):
