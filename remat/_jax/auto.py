@@ -214,28 +214,29 @@ class _BoundJitted:
         return self._jitted.lower(self._obj, *args, **kwargs)
 
 
-class Lowered:
-    """``remat.jit(f).lower(*args)``: ``jax.jit``'s lowered program of the plan
-    (its methods, such as ``as_text``, are there); ``compile()`` gives a
-    :class:`Compiled` that takes ``f``'s own arguments."""
+class _Staged:
+    """A stage of ``jax.jit``'s ahead-of-time API (its methods are there), with
+    the call key it was made for and the call split that takes ``f``'s arguments."""
 
-    def __init__(self, lowered, key, split: Callable):
-        self._of, self._key, self._split = lowered, key, split
-
-    def compile(self, *args, **kwargs) -> "Compiled":
-        return Compiled(self._of.compile(*args, **kwargs), self._key, self._split)
+    def __init__(self, of, key, split: Callable):
+        self._of, self._key, self._split = of, key, split
 
     def __getattr__(self, name):
         return getattr(self._of, name)
 
 
-class Compiled:
-    """``remat.jit(f).lower(*args).compile()``: call it with arguments like
-    those it was lowered for (its methods, such as ``memory_analysis``, are
-    ``jax.jit``'s compiled program's)."""
+class Lowered(_Staged):
+    """``remat.jit(f).lower(*args)``: ``jax.jit``'s lowered program of the plan
+    (``as_text``, ...); ``compile()`` gives a :class:`Compiled` that takes
+    ``f``'s own arguments."""
 
-    def __init__(self, compiled, key, split: Callable):
-        self._of, self._key, self._split = compiled, key, split
+    def compile(self, *args, **kwargs) -> "Compiled":
+        return Compiled(self._of.compile(*args, **kwargs), self._key, self._split)
+
+
+class Compiled(_Staged):
+    """``remat.jit(f).lower(*args).compile()``: call it with arguments like
+    those it was lowered for (``memory_analysis``, ... are ``jax.jit``'s)."""
 
     def __call__(self, *args, **kwargs):
         split = self._split(args, kwargs)
@@ -245,9 +246,6 @@ class Compiled:
                             "lower it again for these (or call the remat.jit "
                             "function, which plans each signature once).")
         return self._of(*split.dynamic)
-
-    def __getattr__(self, name):
-        return getattr(self._of, name)
 
 
 def jit(fun: Callable, *, memory_limit: Any = _UNSET, algorithm: str = _UNSET,
