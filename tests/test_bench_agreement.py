@@ -18,8 +18,8 @@ def test_every_compiled_plan_gets_an_error_against_the_plain_programs_scale():
     # A chain of dots and tanh: the model reads the plain program as XLA does
     # (nothing fuses across a layer), so its scale is 1; the plans the search
     # compiled (at 80%, 50%, 30%) each get an error, and at least one reads as
-    # the model says (the others differ by the lowering's own bytes, up to ~15%
-    # at these small sizes).
+    # the model says (at these small sizes others read up to ~15% apart, where
+    # XLA's schedule holds one activation more than the model's).
     ws = [jnp.eye(128) * 0.9] * 8
     plain, errors = bench_agreement.plan_errors(jax.grad(_chain),
                                                 (ws, jnp.ones((1024, 128))))
