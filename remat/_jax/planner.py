@@ -8,6 +8,9 @@ plain program lower with its backward convolutions reading their saved operands
 late (``pins.py``), every plan reads late too. The frontier of each
 program and setting lives for the process (:func:`planner_for`), so asking
 ``remat.plan`` for 0.5 and then 0.6 of the same program reuses every compile.
+Measuring compiles run on worker threads (:mod:`remat._jax.compile_ahead`): the
+plain program's while the orders are simulated, and the frontier's next plan
+beside the one the search waits for.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from remat._jax.compat import core
+from remat._jax.compile_ahead import Pending
 from remat._jax.lowering import default_strategy, fallback_strategy
 from remat._jax.pins import pin_late_reads
 from remat._jax.program import Program
@@ -78,10 +82,14 @@ class Measured:
 
     @classmethod
     def of(cls, program: Program, result: PlanResult, jaxpr: core.ClosedJaxpr,
-           small_node_bytes: int) -> "Measured":
-        """``jaxpr`` compiled to measure (and to run, where that is the same)."""
-        lowered = program.lower(jaxpr)
-        compiled = program.compile_lowered(lowered, measure_only=True)
+           small_node_bytes: int, lowered: Any = None, compiled: Any = None
+           ) -> "Measured":
+        """``jaxpr`` compiled to measure (and to run, where that is the same);
+        ``lowered`` and ``compiled``, where given, are its lowering and that
+        compile."""
+        if compiled is None:
+            lowered = program.lower(jaxpr)
+            compiled = program.compile_lowered(lowered, measure_only=True)
         final = not program.measures_in_part
         return cls(result, jaxpr, compiled if final else None, XlaFootprint.of(compiled),
                    small_node_bytes, final, None if final else lowered)
@@ -115,6 +123,20 @@ class Planner:
         self.program, self.options = program, options
         self.plan_seconds = self.compile_seconds = 0.0
         self.answers = 0     # limits answered so far
+        # compiles started beside the planning, by key: the plain program's while
+        # the orders are simulated, the plans' ahead of the search
+        self._pending, self._lowered = Pending(), {}
+        t = time.perf_counter()
+        self._compile_ahead_of((), program.flat)
+        # the plain program reading late too, if it runs on one device of a
+        # platform whose lowering gates (checked again once compiled)
+        plain_jaxpr = program.flat.jaxpr
+        late = (pin_late_reads(plain_jaxpr) if _gates(program.platform())
+                and not _spread(program) else plain_jaxpr)
+        if late is not plain_jaxpr:
+            self._compile_ahead_of(("reading late",),
+                                   core.ClosedJaxpr(late, program.flat.consts))
+        self.compile_seconds += time.perf_counter() - t
         start = time.perf_counter()
         graph = program.graph
         with gc_paused():
@@ -128,8 +150,7 @@ class Planner:
             planned_nothing = self._plain_result()
         self.plan_seconds += time.perf_counter() - start
         t = time.perf_counter()
-        lowered = program.lower(program.flat)
-        compiled = program.compile_lowered(lowered, measure_only=True)
+        (_, lowered), compiled = self._lowered.pop(()), self._pending.take(())
         self.plain = self.baseline = XlaFootprint.of(compiled)
         # Plans return their results laid out as the plain program does.
         program.jit_kwargs = keep_output_shardings(compiled, program.jit_kwargs)
@@ -146,9 +167,10 @@ class Planner:
         # below the plain program's (see _decide_reading_late).
         platform = single_platform(compiled)
         self.reads_late = False
-        plain_jaxpr = program.flat.jaxpr
-        late = (pin_late_reads(plain_jaxpr)
-                if platform and default_strategy(platform) == "gate" else plain_jaxpr)
+        if not _gates(platform):
+            late = plain_jaxpr
+        elif late is plain_jaxpr:
+            late = pin_late_reads(plain_jaxpr)
         # the plain program reading late, until compiled (None: nothing to decide)
         self._undecided_late = late if late is not plain_jaxpr else None
         self.reference = self.plain        # what the columns' estimates convert by
@@ -185,7 +207,8 @@ class Planner:
                       Measured(planned_nothing, program.flat,
                                compiled if final else None, self.plain, 0, final,
                                None if final else lowered))
-        self.frontier = Frontier(columns, self._measure, plain)
+        self.frontier = Frontier(columns, self._measure, plain,
+                                 compile_ahead=self._compile_ahead)
         if written is not None:
             self._other_compiles += 1
             self.frontier.update(Point(("as written",), written.footprint.total,
@@ -202,7 +225,8 @@ class Planner:
         start = time.perf_counter()
         jaxpr = core.ClosedJaxpr(self._undecided_late, self.program.flat.consts)
         self._undecided_late = None
-        measured = Measured.of(self.program, self.frontier.plain.payload.result, jaxpr, 0)
+        measured = self._measured(("reading late",), self.frontier.plain.payload.result,
+                                  jaxpr, 0)
         self.compile_seconds += time.perf_counter() - start
         self._other_compiles += 1
         if measured.footprint.total < self.plain.total:
@@ -232,13 +256,22 @@ class Planner:
             return None
         if limit < self.plain.total:
             self._decide_reading_late()
-        while True:
-            point = self.frontier.answer(limit)
-            if point is None or point.payload.final:
-                return point
-            point = self._compiled_to_run(point)
-            if point.footprint <= limit:
-                return point
+        try:
+            while True:
+                point = self.frontier.answer(limit)
+                if point is None or point.payload.final:
+                    return point
+                self._forget_ahead()       # (the full compile takes every core)
+                point = self._compiled_to_run(point)
+                if point.footprint <= limit:
+                    return point
+        finally:
+            self._forget_ahead()
+
+    def _forget_ahead(self) -> None:
+        """Drops the compiles started ahead that the search did not read."""
+        self._pending.drop()
+        self._lowered.clear()
 
     def _compiled_to_run(self, point: Point) -> Point:
         """``point`` compiled in full (measuring compiles skip work, and may read
@@ -339,7 +372,20 @@ class Planner:
                       rank=2 * order, plans_quickly=algorithm not in LAST_RESORT)
 
     def _measure(self, cand: Candidate) -> Point:
-        result, small, lowering = cand.payload
+        result, small, _ = cand.payload
+        if cand.key not in self._lowered:
+            self._compile_ahead(cand)
+        t = time.perf_counter()
+        measured = self._measured(cand.key, result, None, small)
+        self.compile_seconds += time.perf_counter() - t
+        return Point(cand.key, measured.footprint.total, cand.extra_flops, "", measured)
+
+    def _compile_ahead(self, cand: Candidate) -> None:
+        """Rewrites ``cand``'s plan and starts its measuring compile on a worker
+        (the frontier's ``compile_ahead``; :meth:`_measure` reads it)."""
+        if cand.key in self._lowered:
+            return
+        result, _, lowering = cand.payload
         start = time.perf_counter()
         with gc_paused():
             flat = self.program.flat
@@ -347,11 +393,27 @@ class Planner:
             if self.reads_late:
                 jaxpr = pin_late_reads(jaxpr)
             jaxpr = core.ClosedJaxpr(jaxpr, flat.consts)
+        self.plan_seconds += time.perf_counter() - start
         t = time.perf_counter()
-        measured = Measured.of(self.program, result, jaxpr, small)
-        self.plan_seconds += t - start
+        self._compile_ahead_of(cand.key, jaxpr)
         self.compile_seconds += time.perf_counter() - t
-        return Point(cand.key, measured.footprint.total, cand.extra_flops, "", measured)
+
+    def _compile_ahead_of(self, key: Any, jaxpr: core.ClosedJaxpr) -> None:
+        """Lowers ``jaxpr`` and starts its measuring compile on a worker."""
+        lowered = self.program.lower(jaxpr)
+        self._lowered[key] = (jaxpr, lowered)
+        self._pending.start(key, lambda: self.program.compile_lowered(
+            lowered, measure_only=True))
+
+    def _measured(self, key: Any, result: PlanResult, jaxpr: core.ClosedJaxpr | None,
+                  small: int) -> Measured:
+        """The :class:`Measured` of the compile of ``key`` (started ahead, or
+        compiled now from ``jaxpr``)."""
+        if key not in self._lowered:
+            return Measured.of(self.program, result, jaxpr, small)
+        jaxpr, lowered = self._lowered.pop(key)
+        return Measured.of(self.program, result, jaxpr, small, lowered,
+                           self._pending.take(key))
 
     def _plain_result(self) -> PlanResult:
         """The result of planning nothing (the program as written)."""
@@ -374,6 +436,16 @@ class Planner:
     def model_timeline(self) -> Timeline:
         """The simulation of the program as written, on the first order."""
         return self.orders[0].timeline
+
+
+def _gates(platform: str | None) -> bool:
+    """Whether the default lowering gates regions on ``platform``."""
+    return platform is not None and default_strategy(platform) == "gate"
+
+
+def _spread(program: Program) -> bool:
+    """Whether ``program``'s inputs are placed on several devices."""
+    return any(len(getattr(s, "device_set", ())) > 1 for s in program.in_shardings)
 
 
 def _relowered(column: Column, lowering: str) -> Column:

@@ -312,17 +312,20 @@ class Program:
 
 
 #: Compiler options, per platform, for a compile that only measures a plan. On CPU:
-#: no LLVM optimization, and kernels from the older emitters instead of the MLIR
+#: no LLVM optimization, kernels from the older emitters instead of the MLIR
 #: fusion emitters, whose pipeline is most of a CPU compile (on programs of a few
 #: dozen fusions or more; on a handful of matmuls the older emitters compile
-#: slower). XLA assigns buffers before code generation, but the emitter choice
+#: slower), and one LLVM module, not split for threads (at O0 the split costs more
+#: than it saves: 10-25% faster, on one core). XLA assigns buffers before code
+#: generation, but the emitter choice
 #: also steers a few HLO passes (fusion, scatter expansion), so a plan's figures
 #: may differ from its full compile's by kilobytes. Rule: a measured figure only
 #: ranks plans; the plan that answers is compiled in full, its full figure
 #: replaces the measured one, and if that is over the limit the search goes on
 #: (``Planner.answer``).
 MEASURE_OPTIONS = {"cpu": {"xla_backend_optimization_level": 0,
-                           "xla_cpu_use_fusion_emitters": False}}
+                           "xla_cpu_use_fusion_emitters": False,
+                           "xla_cpu_parallel_codegen_split_count": 1}}
 
 
 def trace_program(fun: Callable, args: tuple, kwargs: dict, spec: CallSpec,

@@ -55,6 +55,13 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
 Steps 2 and 3 compile at most :data:`MAX_COMPILES` plans for one limit; then the
 search stops and step 4 answers (``Frontier.out_of_compiles`` is set).
 
+Compiling ahead. Given a ``compile_ahead`` callable, each compile starts beside
+it one the search may make next: while no plan is known within the limit, the
+one it makes should the current walk fail (the next column's start; in step 3,
+the next rung), and in a refine, the next refine should this one meet the limit.
+A point enters the frontier only when the search asks for it, so the answers are
+those of the search without it; only the wall time differs.
+
 Guarantees, by construction:
 
 * The start rung of a column never falls as the limit rises, and a limit is
@@ -218,12 +225,21 @@ class Frontier:
       max_compiles: plans one limit's search compiles at most
         (:data:`MAX_COMPILES`); ``out_of_compiles`` says whether the last
         answer's search stopped there.
+      compile_ahead: a :class:`Candidate` -> None, starting its compile beside
+        the search (``measure`` then waits for it), or None. Given, each
+        compile starts beside it one the search may make next: while no plan
+        is known within the limit, the next column's start in a walk and the
+        next rung in step 3; in a refine, the next refine should this one meet
+        the limit. The search reads a point only when it asks for it, so its
+        answers are the same either way.
     """
 
     def __init__(self, columns: Sequence[Column], measure: Callable[[Candidate], Point],
-                 plain: Point | None = None, max_compiles: int | None = None):
+                 plain: Point | None = None, max_compiles: int | None = None,
+                 compile_ahead: Callable[[Candidate], None] | None = None):
         self.columns = tuple(columns)
         self._measure = measure
+        self._compile_ahead = compile_ahead
         self.plain = plain
         self.points: dict[Hashable, Point] = {}        # by plan key
         if plain is not None:      # a plan recomputing nothing is the plain program
@@ -243,8 +259,12 @@ class Frontier:
             cand = self._planned[column, rung] = col.plan(col.rungs[rung])
         return cand
 
-    def point(self, column: int, rung: int) -> Point:
-        """The plan of ``column`` at ``rung``, compiled (each plan once)."""
+    def point(self, column: int, rung: int,
+              ahead: Callable[[Hashable], tuple[int, int] | None] | None = None
+              ) -> Point:
+        """The plan of ``column`` at ``rung``, compiled (each plan once); if it
+        is compiled now, ``ahead(its key)`` names the (column, rung) whose plan
+        starts compiling beside it (with ``compile_ahead``)."""
         cand = self.candidate(column, rung)
         known = self.points.get(cand.key)
         if known is None and self._stop_at is not None and self.compiles >= self._stop_at:
@@ -252,6 +272,11 @@ class Frontier:
             raise _OutOfCompiles        # (the rung stays to compile)
         self._measured.add((column, rung))
         if known is None:
+            if self._compile_ahead is not None:
+                self._compile_ahead(cand)
+                after = ahead(cand.key) if ahead is not None else None
+                if after is not None and self.candidate(*after).key not in self.points:
+                    self._compile_ahead(self.candidate(*after))
             self.compiles += 1
             known = self.points[cand.key] = dataclasses.replace(
                 self._measure(cand), column=self.columns[column].name,
@@ -272,6 +297,10 @@ class Frontier:
         col = self.columns[column]
         k = self.start(column, limit)
         missed = None
+        # while no plan is known within the limit, each compile starts the next
+        # column's beside it (after one is, the next column is seldom walked)
+        ahead = ((lambda key: self._next_start(column, limit, key))
+                 if bound == math.inf else None)
         first, share = self.compiles, max(self.max_compiles // len(self.columns), 1)
         dearest = bound * (1 - MIN_SAVING)     # the start plan must save a share
         while True:
@@ -280,7 +309,7 @@ class Frontier:
             if self.candidate(column, k).extra_flops >= dearest:
                 return False
             dearest = bound         # below the start, any plan recomputing less answers
-            p = self.point(column, k)
+            p = self.point(column, k, ahead)
             if p.footprint <= limit:
                 break
             if k == 0:
@@ -298,7 +327,12 @@ class Frontier:
                     bound, self.point(column, met).extra_flops * (1 - MIN_SAVING)):
                 break               # too little less recompute (lower rungs: less still)
             refines += 1
-            if self.point(column, mid).footprint <= limit:
+            # beside it, the next refine should it meet the limit and the line
+            # put no rung within (as it seldom does, once a rung met it): halfway up
+            up = (mid + missed) // 2
+            ahead = ((lambda key: (column, up)) if refines < REFINES and up > mid
+                     else None)
+            if self.point(column, mid, ahead).footprint <= limit:
                 met = mid
             else:
                 missed, secant = mid, False
@@ -326,11 +360,33 @@ class Frontier:
     def fill(self, limit: int) -> bool:
         """Step 3: the rungs at or below each column's start not compiled yet, from
         the top down, until a plan meets ``limit``; True if one did."""
-        for c in range(len(self.columns)):
-            for k in reversed(range(self.start(c, limit) + 1)):
-                if (c, k) not in self._measured and self.point(c, k).footprint <= limit:
-                    return True
+        todo = [(c, k) for c in range(len(self.columns))
+                for k in reversed(range(self.start(c, limit) + 1))
+                if (c, k) not in self._measured]
+        for j, (c, k) in enumerate(todo):
+            after = todo[j + 1] if j + 1 < len(todo) else None
+            if self.point(c, k, lambda key: after).footprint <= limit:
+                return True
         return False
+
+    def _walk_order(self) -> list[int]:
+        """The columns in the order the walks take them: those that plan quickly
+        first, each group in the given order."""
+        return sorted(range(len(self.columns)),
+                      key=lambda c: not self.columns[c].plans_quickly)
+
+    def _next_start(self, column: int, limit: int, key: Hashable
+                    ) -> tuple[int, int] | None:
+        """The start of the first column walked after ``column`` for ``limit``
+        that plans quickly and whose start's plan is neither compiled nor the
+        plan of ``key`` (None if none)."""
+        order = self._walk_order()
+        for c in order[order.index(column) + 1:]:
+            k = self.start(c, limit)
+            if (self.columns[c].plans_quickly and (c, k) not in self._measured
+                    and self.candidate(c, k).key not in (key, *self.points)):
+                return c, k
+        return None
 
     def update(self, point: Point) -> None:
         """Replaces the known point of ``point.key`` with ``point`` (a truer
@@ -372,8 +428,7 @@ class Frontier:
         met = None      # the point whose rank selects the columns walked after it
         # the columns that plan quickly first (a slow column's plan can cost
         # several compiles' time), each group in the given order
-        for c in sorted(range(len(self.columns)),
-                        key=lambda c: not self.columns[c].plans_quickly):
+        for c in self._walk_order():
             col = self.columns[c]
             if met is not None:
                 if not (col.plans_quickly and (col.rank == met.rank

@@ -414,3 +414,48 @@ def test_columns_that_plan_quickly_are_walked_before_slow_ones():
     f = Frontier([column("slow", False), column("quick", True)],
                  lambda c: Point(c.key, c.model_peak, c.extra_flops, ""))
     assert f.answer(800).column == "quick" and "slow" not in planned
+
+
+def _frontier_ahead(seed, names=("a", "b", "c")):
+    """A frontier of three columns whose ``compile_ahead`` records what it is
+    given (and what it gives compiles nothing: ``measure`` still does)."""
+    measure, compiled = _fake_compiler(seed)
+    ahead = []
+    columns = [_column(n, seed + k, step=23 + 14 * k) for k, n in enumerate(names)]
+    return (Frontier(columns, measure, Point((), PEAK + 50, 0.0, "plain"),
+                     compile_ahead=lambda cand: ahead.append(cand.key)),
+            compiled, ahead)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), limits=st.lists(st.integers(200, 1100), max_size=6))
+def test_compiling_ahead_changes_no_answer(seed, limits):
+    plain_frontier, plain_compiled = _frontier(seed, names=("a", "b", "c"))
+    ahead_frontier, ahead_compiled, _ = _frontier_ahead(seed)
+    for limit in limits:
+        want, got = plain_frontier.answer(limit), ahead_frontier.answer(limit)
+        assert (want is None) == (got is None)
+        assert want is None or (want.key, want.footprint) == (got.key, got.footprint)
+    assert ahead_compiled == plain_compiled     # the same plans measured, in order
+    assert ahead_frontier.compiles == plain_frontier.compiles
+
+
+def test_while_no_plan_is_within_each_compile_starts_the_next_columns_start():
+    f, compiled, ahead = _frontier_ahead(3)
+    limit = FLOOR - 100                 # below every floor: every walk fails
+    f.answer(limit)
+    assert {key[0] for key in compiled} == {"a", "b", "c"}
+    assert set(compiled) <= set(ahead)  # each compile is started first
+    b_start, c_start = (f.candidate(c, f.start(c, limit)).key for c in (1, 2))
+    assert ahead[:2] == [compiled[0], b_start]
+    # c's start was started beside b's walk, before c's walk compiled it
+    assert ahead.count(c_start) >= 2
+
+
+def test_once_a_plan_is_within_no_other_columns_start_is_compiled_ahead():
+    f, compiled, ahead = _frontier_ahead(5)
+    f.answer(PEAK)                      # the first plan meets it
+    assert ahead[:2] == [compiled[0], f.candidate(1, f.start(1, PEAK)).key]
+    # after it, each compile starts only itself (refines, walks for less recompute)
+    assert all(k in compiled for k in ahead[2:])
+    assert [k for k in ahead if k not in compiled] in ([], [ahead[1]])

@@ -609,8 +609,10 @@ def test_where_measuring_compiles_are_full_ones_the_answer_is_not_compiled_again
     planner_module.forget_planners()
     ws, x = _inputs(8)
     plan = remat.plan(jax.value_and_grad(_loss), ws, x, memory_limit=0.5)
-    # the plain program and each plan tried, once each; the answer among them
-    assert plan.met and len(calls) == plan.compiles + 1
+    # the plain program and each plan tried (or compiled ahead of the search),
+    # once each; the answer among them
+    assert plan.met and len(calls) >= plan.compiles + 1
+    assert len({id(c) for c, _ in calls}) == len(calls)
     assert sum(c is plan.jaxpr for c, _ in calls) == 1
 
 

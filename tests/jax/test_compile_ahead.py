@@ -1,0 +1,57 @@
+"""remat._jax.compile_ahead: measuring compiles on worker threads."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat
+from remat._jax import planner as planner_module
+from remat._jax import program as program_module
+from remat._jax.compile_ahead import Pending
+
+
+def test_a_compile_is_read_once_and_its_error_raised_where_it_is_read():
+    pending = Pending()
+    pending.start("a", lambda: 1)
+    pending.start("a", lambda: 2)       # started already: the first one stands
+    pending.start("b", lambda: 1 / 0)
+    assert pending.take("a") == 1 and not pending.started("a")
+    with pytest.raises(ZeroDivisionError):
+        pending.take("b")
+    pending.start("c", lambda: 3)
+    pending.drop()
+    assert not pending.started("c")
+
+
+def _loss(ws, x):
+    for w in ws:
+        x = jnp.tanh(x @ w)
+    return jnp.sum(x * x)
+
+
+def test_plans_compile_on_workers_and_none_is_left_after_an_answer(monkeypatch):
+    threads = []
+    compile_lowered = program_module.Program.compile_lowered
+
+    def recording(self, lowered, measure_only=False):
+        threads.append((threading.current_thread().name, measure_only))
+        return compile_lowered(self, lowered, measure_only)
+
+    monkeypatch.setattr(program_module.Program, "compile_lowered", recording)
+    planner_module.forget_planners()
+    keys = jax.random.split(jax.random.PRNGKey(11), 7)
+    ws = [jax.random.normal(k, (128, 128)) / 11 for k in keys[:6]]
+    x = jax.random.normal(keys[6], (256, 128))
+    grad = jax.value_and_grad(_loss)
+    plan = remat.plan(grad, ws, x, memory_limit=0.6)
+    assert plan.met
+    measuring = [name for name, quick in threads if quick]
+    assert measuring and all(name.startswith("remat-compile") for name in measuring)
+    [planner] = planner_module._PLANNERS.values()
+    assert not planner._lowered          # compiles started ahead, read or dropped
+    for got, want in zip(jax.tree.leaves(plan.compiled(ws, x)),
+                         jax.tree.leaves(jax.jit(grad)(ws, x))):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
