@@ -57,8 +57,8 @@ search stops and step 4 answers (``Frontier.out_of_compiles`` is set).
 
 Compiling ahead. Given a ``compile_ahead`` callable, each compile starts beside
 it one the search may make next: while no plan is known within the limit, the
-one it makes should the current walk fail (the next column's start; in step 3,
-the next rung), and in a refine, the next refine should this one meet the limit.
+one it makes should the current walk fail (the next column's start, of one that
+would be walked after its answer too; in step 3, the next rung), and in a refine, the next refine should this one meet the limit.
 A point enters the frontier only when the search asks for it, so the answers are
 those of the search without it; only the wall time differs.
 
@@ -228,8 +228,8 @@ class Frontier:
       compile_ahead: a :class:`Candidate` -> None, starting its compile beside
         the search (``measure`` then waits for it), or None. Given, each
         compile starts beside it one the search may make next: while no plan
-        is known within the limit, the next column's start in a walk and the
-        next rung in step 3; in a refine, the next refine should this one meet
+        is known within the limit, the next column's start in a walk (of a
+        column walked after this one's answer too) and the next rung in step 3; in a refine, the next refine should this one meet
         the limit. The search reads a point only when it asks for it, so its
         answers are the same either way.
     """
@@ -378,12 +378,15 @@ class Frontier:
     def _next_start(self, column: int, limit: int, key: Hashable
                     ) -> tuple[int, int] | None:
         """The start of the first column walked after ``column`` for ``limit``
-        that plans quickly and whose start's plan is neither compiled nor the
-        plan of ``key`` (None if none)."""
-        order = self._walk_order()
+        that plans quickly, would be walked after its answer too (of its rank,
+        or naming it in ``walked_after``: its start is planned either way), and
+        whose start's plan is neither compiled nor the plan of ``key`` (None if
+        none)."""
+        order, rank = self._walk_order(), self.columns[column].rank
         for c in order[order.index(column) + 1:]:
-            k = self.start(c, limit)
-            if (self.columns[c].plans_quickly and (c, k) not in self._measured
+            col, k = self.columns[c], self.start(c, limit)
+            if (col.plans_quickly and (col.rank == rank or rank in col.walked_after)
+                    and (c, k) not in self._measured
                     and self.candidate(c, k).key not in (key, *self.points)):
                 return c, k
         return None
