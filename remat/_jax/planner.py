@@ -8,9 +8,9 @@ plain program lower with its backward convolutions reading their saved operands
 late (``pins.py``), every plan reads late too. The frontier of each
 program and setting lives for the process (:func:`planner_for`), so asking
 ``remat.plan`` for 0.5 and then 0.6 of the same program reuses every compile.
-Measuring compiles run on worker threads (:mod:`remat._jax.compile_ahead`): the
-plain program's while the orders are simulated, and the frontier's next plan
-beside the one the search waits for.
+Measuring compiles run on worker threads (:mod:`remat._jax.measuring`): the
+plain program's while the orders are simulated, and on CPU the frontier's next
+plan beside the one the search waits for.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from remat._jax.compat import core
-from remat._jax.compile_ahead import Pending
+from remat._jax.measuring import Measured, Measuring
 from remat._jax.lowering import default_strategy, fallback_strategy
 from remat._jax.pins import pin_late_reads
 from remat._jax.program import Program
@@ -42,7 +42,7 @@ from remat.core.schedulers.best import ranked_schedules
 from remat.core.search import Candidate, Column, Frontier, Point, rungs
 from remat.core.simulate import Timeline
 
-__all__ = ["Measured", "Planner", "planner_for", "PORTFOLIO_ALGORITHMS",
+__all__ = ["Planner", "planner_for", "PORTFOLIO_ALGORITHMS",
            "OPTIMAL_MAX_OPS"]
 
 #: The algorithms of the default, in the order its walks try them.
@@ -65,34 +65,6 @@ LAST_RESORT = frozenset({"optimal", "segments"})
 _SMALLEST_SMALL_NODE = 4096
 #: Frontiers kept for the process (the least recently used one goes first).
 _CACHED_PROGRAMS = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class Measured:
-    """What a :class:`~remat.core.search.Point` keeps of a compiled plan: with
-    ``final``, the program compiled to run; else the lowered program, to compile
-    to run should the plan answer (a measuring compile's code is not kept)."""
-    result: PlanResult
-    jaxpr: core.ClosedJaxpr
-    compiled: Any
-    footprint: XlaFootprint
-    small_node_bytes: int
-    final: bool = True
-    lowered: Any = None
-
-    @classmethod
-    def of(cls, program: Program, result: PlanResult, jaxpr: core.ClosedJaxpr,
-           small_node_bytes: int, lowered: Any = None, compiled: Any = None
-           ) -> "Measured":
-        """``jaxpr`` compiled to measure (and to run, where that is the same);
-        ``lowered`` and ``compiled``, where given, are its lowering and that
-        compile."""
-        if compiled is None:
-            lowered = program.lower(jaxpr)
-            compiled = program.compile_lowered(lowered, measure_only=True)
-        final = not program.measures_in_part
-        return cls(result, jaxpr, compiled if final else None, XlaFootprint.of(compiled),
-                   small_node_bytes, final, None if final else lowered)
 
 
 class Planner:
@@ -125,17 +97,17 @@ class Planner:
         self.answers = 0     # limits answered so far
         # compiles started beside the planning, by key: the plain program's while
         # the orders are simulated, the plans' ahead of the search
-        self._pending, self._lowered = Pending(), {}
+        self._measuring = Measuring(program)
         t = time.perf_counter()
-        self._compile_ahead_of((), program.flat)
+        self._measuring.start((), program.flat)
         # the plain program reading late too, if it runs on one device of a
         # platform whose lowering gates (checked again once compiled)
         plain_jaxpr = program.flat.jaxpr
         late = (pin_late_reads(plain_jaxpr) if _gates(program.platform())
                 and not _spread(program) else plain_jaxpr)
         if late is not plain_jaxpr:
-            self._compile_ahead_of(("reading late",),
-                                   core.ClosedJaxpr(late, program.flat.consts))
+            self._measuring.start(("reading late",),
+                                  core.ClosedJaxpr(late, program.flat.consts))
         self.compile_seconds += time.perf_counter() - t
         start = time.perf_counter()
         graph = program.graph
@@ -150,7 +122,7 @@ class Planner:
             planned_nothing = self._plain_result()
         self.plan_seconds += time.perf_counter() - start
         t = time.perf_counter()
-        (_, lowered), compiled = self._lowered.pop(()), self._pending.take(())
+        lowered, compiled = self._measuring.take(())
         self.plain = self.baseline = XlaFootprint.of(compiled)
         # Plans return their results laid out as the plain program does.
         program.jit_kwargs = keep_output_shardings(compiled, program.jit_kwargs)
@@ -207,8 +179,13 @@ class Planner:
                       Measured(planned_nothing, program.flat,
                                compiled if final else None, self.plain, 0, final,
                                None if final else lowered))
-        self.frontier = Frontier(columns, self._measure, plain,
-                                 compile_ahead=self._compile_ahead)
+        # Plans compile ahead only where a measuring compile is a partial one
+        # that keeps one core busy (CPU): elsewhere it is the full compile, which
+        # takes every core, and on a GPU autotunes on the device the user's
+        # arrays fill.
+        self.frontier = Frontier(
+            columns, self._measure, plain,
+            compile_ahead=self._compile_ahead if program.measures_in_part else None)
         if written is not None:
             self._other_compiles += 1
             self.frontier.update(Point(("as written",), written.footprint.total,
@@ -225,8 +202,8 @@ class Planner:
         start = time.perf_counter()
         jaxpr = core.ClosedJaxpr(self._undecided_late, self.program.flat.consts)
         self._undecided_late = None
-        measured = self._measured(("reading late",), self.frontier.plain.payload.result,
-                                  jaxpr, 0)
+        measured = self._measuring.measured(
+            ("reading late",), self.frontier.plain.payload.result, jaxpr, 0)
         self.compile_seconds += time.perf_counter() - start
         self._other_compiles += 1
         if measured.footprint.total < self.plain.total:
@@ -261,17 +238,12 @@ class Planner:
                 point = self.frontier.answer(limit)
                 if point is None or point.payload.final:
                     return point
-                self._forget_ahead()       # (the full compile takes every core)
+                self._measuring.drop()      # (the full compile takes every core)
                 point = self._compiled_to_run(point)
                 if point.footprint <= limit:
                     return point
         finally:
-            self._forget_ahead()
-
-    def _forget_ahead(self) -> None:
-        """Drops the compiles started ahead that the search did not read."""
-        self._pending.drop()
-        self._lowered.clear()
+            self._measuring.drop()          # compiles ahead the search did not read
 
     def _compiled_to_run(self, point: Point) -> Point:
         """``point`` compiled in full (measuring compiles skip work, and may read
@@ -373,17 +345,17 @@ class Planner:
 
     def _measure(self, cand: Candidate) -> Point:
         result, small, _ = cand.payload
-        if cand.key not in self._lowered:
+        if not self._measuring.started(cand.key):
             self._compile_ahead(cand)
         t = time.perf_counter()
-        measured = self._measured(cand.key, result, None, small)
+        measured = self._measuring.measured(cand.key, result, None, small)
         self.compile_seconds += time.perf_counter() - t
         return Point(cand.key, measured.footprint.total, cand.extra_flops, "", measured)
 
     def _compile_ahead(self, cand: Candidate) -> None:
         """Rewrites ``cand``'s plan and starts its measuring compile on a worker
         (the frontier's ``compile_ahead``; :meth:`_measure` reads it)."""
-        if cand.key in self._lowered:
+        if self._measuring.started(cand.key):
             return
         result, _, lowering = cand.payload
         start = time.perf_counter()
@@ -395,25 +367,8 @@ class Planner:
             jaxpr = core.ClosedJaxpr(jaxpr, flat.consts)
         self.plan_seconds += time.perf_counter() - start
         t = time.perf_counter()
-        self._compile_ahead_of(cand.key, jaxpr)
+        self._measuring.start(cand.key, jaxpr)
         self.compile_seconds += time.perf_counter() - t
-
-    def _compile_ahead_of(self, key: Any, jaxpr: core.ClosedJaxpr) -> None:
-        """Lowers ``jaxpr`` and starts its measuring compile on a worker."""
-        lowered = self.program.lower(jaxpr)
-        self._lowered[key] = (jaxpr, lowered)
-        self._pending.start(key, lambda: self.program.compile_lowered(
-            lowered, measure_only=True))
-
-    def _measured(self, key: Any, result: PlanResult, jaxpr: core.ClosedJaxpr | None,
-                  small: int) -> Measured:
-        """The :class:`Measured` of the compile of ``key`` (started ahead, or
-        compiled now from ``jaxpr``)."""
-        if key not in self._lowered:
-            return Measured.of(self.program, result, jaxpr, small)
-        jaxpr, lowered = self._lowered.pop(key)
-        return Measured.of(self.program, result, jaxpr, small, lowered,
-                           self._pending.take(key))
 
     def _plain_result(self) -> PlanResult:
         """The result of planning nothing (the program as written)."""

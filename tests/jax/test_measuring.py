@@ -1,4 +1,4 @@
-"""remat._jax.compile_ahead: measuring compiles on worker threads."""
+"""remat._jax.measuring: measuring compiles on worker threads, each read once."""
 
 import threading
 
@@ -10,7 +10,7 @@ import pytest
 import remat
 from remat._jax import planner as planner_module
 from remat._jax import program as program_module
-from remat._jax.compile_ahead import Pending
+from remat._jax.measuring import Pending
 
 
 def test_a_compile_is_read_once_and_its_error_raised_where_it_is_read():
@@ -51,7 +51,8 @@ def test_plans_compile_on_workers_and_none_is_left_after_an_answer(monkeypatch):
     measuring = [name for name, quick in threads if quick]
     assert measuring and all(name.startswith("remat-compile") for name in measuring)
     [planner] = planner_module._PLANNERS.values()
-    assert not planner._lowered          # compiles started ahead, read or dropped
+    assert not planner._measuring.started(())   # read
+    assert not planner._measuring._lowered      # those started ahead: read or dropped
     for got, want in zip(jax.tree.leaves(plan.compiled(ws, x)),
                          jax.tree.leaves(jax.jit(grad)(ws, x))):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
