@@ -58,9 +58,10 @@ search stops and step 4 answers (``Frontier.out_of_compiles`` is set).
 Compiling ahead. Given a ``compile_ahead`` callable, each compile starts beside
 it one the search may make next: while no plan is known within the limit, the
 one it makes should the current walk fail (the next column's start, of one that
-would be walked after its answer too; in step 3, the next rung), and in a refine, the next refine should this one meet the limit.
-A point enters the frontier only when the search asks for it, so the answers are
-those of the search without it; only the wall time differs.
+would be walked after its answer too; in step 3, the next rung), and in a
+refine, the next refine should this one meet the limit. A point enters the
+frontier only when the search asks for it, so the answers are those of the
+search without it; only the wall time differs.
 
 Guarantees, by construction:
 
@@ -227,11 +228,9 @@ class Frontier:
         answer's search stopped there.
       compile_ahead: a :class:`Candidate` -> None, starting its compile beside
         the search (``measure`` then waits for it), or None. Given, each
-        compile starts beside it one the search may make next: while no plan
-        is known within the limit, the next column's start in a walk (of a
-        column walked after this one's answer too) and the next rung in step 3; in a refine, the next refine should this one meet
-        the limit. The search reads a point only when it asks for it, so its
-        answers are the same either way.
+        compile starts beside it one the search may make next (the module's
+        "Compiling ahead"). The search reads a point only when it asks for it,
+        so its answers are the same either way.
     """
 
     def __init__(self, columns: Sequence[Column], measure: Callable[[Candidate], Point],
@@ -298,7 +297,8 @@ class Frontier:
         k = self.start(column, limit)
         missed = None
         # while no plan is known within the limit, each compile starts the next
-        # column's beside it (after one is, the next column is seldom walked)
+        # column's beside it (once one is, the next column is walked only if
+        # its start saves recompute)
         ahead = ((lambda key: self._next_start(column, limit, key))
                  if bound == math.inf else None)
         first, share = self.compiles, max(self.max_compiles // len(self.columns), 1)
