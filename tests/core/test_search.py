@@ -416,10 +416,10 @@ def test_columns_that_plan_quickly_are_walked_before_slow_ones():
     assert f.answer(800).column == "quick" and "slow" not in planned
 
 
-def _frontier_ahead(seed, names=("a", "b", "c")):
+def _frontier_ahead(seed, names=("a", "b", "c"), spread=120):
     """A frontier of three columns whose ``compile_ahead`` records what it is
     given (and what it gives compiles nothing: ``measure`` still does)."""
-    measure, compiled = _fake_compiler(seed)
+    measure, compiled = _fake_compiler(seed, spread)
     ahead = []
     columns = [_column(n, seed + k, step=23 + 14 * k) for k, n in enumerate(names)]
     return (Frontier(columns, measure, Point((), PEAK + 50, 0.0, "plain"),
@@ -453,7 +453,7 @@ def test_while_no_plan_is_within_each_compile_starts_the_next_columns_start():
 
 
 def test_once_a_plan_is_within_no_other_columns_start_is_compiled_ahead():
-    f, compiled, ahead = _frontier_ahead(5)
+    f, compiled, ahead = _frontier_ahead(5, spread=0)   # footprint = model peak
     f.answer(PEAK)                      # the first plan meets it
     assert ahead[:2] == [compiled[0], f.candidate(1, f.start(1, PEAK)).key]
     # after it, each compile starts only itself (refines, walks for less recompute)
