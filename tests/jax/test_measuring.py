@@ -56,3 +56,21 @@ def test_plans_compile_on_workers_and_none_is_left_after_an_answer(monkeypatch):
     for got, want in zip(jax.tree.leaves(plan.compiled(ws, x)),
                          jax.tree.leaves(jax.jit(grad)(ws, x))):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+
+
+def test_a_thread_local_setting_of_the_caller_holds_for_its_compiles():
+    # the compiles run on worker threads; what the caller's context sets (here
+    # 64-bit types) is in the lowered program, lowered on the caller's thread
+    planner_module.forget_planners()
+    with jax.enable_x64(True):
+        keys = jax.random.split(jax.random.PRNGKey(12), 7)
+        ws = [jax.random.normal(k, (128, 128), dtype=jnp.float64) / 11
+              for k in keys[:6]]
+        x = jax.random.normal(keys[6], (256, 128), dtype=jnp.float64)
+        grad = jax.value_and_grad(_loss)
+        plan = remat.plan(grad, ws, x, memory_limit=0.7)
+        got, want = plan.compiled(ws, x), jax.jit(grad)(ws, x)
+    assert plan.met
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.dtype == jnp.float64
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
