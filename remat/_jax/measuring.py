@@ -3,8 +3,8 @@
 XLA compiles without holding Python's lock, and a measuring compile on CPU keeps
 one core busy (``program.MEASURE_OPTIONS``). So a compile can run beside the
 search: the plain program's while the orders of its ops are simulated, and on CPU
-the plan the search may ask for next beside the one it waits for
-(:meth:`remat.core.search.Frontier.point`'s ``ahead``).
+with a second core the plan the search may ask for next beside the one it waits
+for (:meth:`remat.core.search.Frontier.point`'s ``ahead``).
 
 Rule: running ahead changes no answer. A compile started ahead is read only when
 the search asks for that plan, as it would have compiled it then; one it never
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 import threading
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -29,13 +30,22 @@ from remat._jax.program import Program
 from remat._jax.xla_figures import XlaFootprint
 from remat.core.algorithms import PlanResult
 
-__all__ = ["WORKERS", "Pending", "Measured", "Measuring"]
+__all__ = ["WORKERS", "Pending", "Measured", "Measuring", "cores"]
 
 #: Compiles at once: the one the search waits for and one ahead of it.
 WORKERS = 2
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+
+
+def cores() -> int:
+    """The CPU cores this process may run on (a compile run ahead of the search
+    on a single core would only slow the one it waits for)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # (not on every OS)
+        return os.cpu_count() or 1
 
 
 def _workers() -> concurrent.futures.ThreadPoolExecutor:

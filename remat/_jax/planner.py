@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from remat._jax.compat import core
-from remat._jax.measuring import Measured, Measuring
+from remat._jax.measuring import Measured, Measuring, cores
 from remat._jax.lowering import default_strategy, fallback_strategy
 from remat._jax.pins import pin_late_reads
 from remat._jax.program import Program
@@ -180,12 +180,12 @@ class Planner:
                                compiled if final else None, self.plain, 0, final,
                                None if final else lowered))
         # Plans compile ahead only where a measuring compile is a partial one
-        # that keeps one core busy (CPU): elsewhere it is the full compile, which
-        # takes every core, and on a GPU autotunes on the device the user's
-        # arrays fill.
-        self.frontier = Frontier(
-            columns, self._measure, plain,
-            compile_ahead=self._compile_ahead if program.measures_in_part else None)
+        # that keeps one core busy (CPU), and a second core is free: elsewhere it
+        # is the full compile, which takes every core, and on a GPU autotunes on
+        # the device the user's arrays fill.
+        ahead = program.measures_in_part and cores() > 1
+        self.frontier = Frontier(columns, self._measure, plain,
+                                 compile_ahead=self._compile_ahead if ahead else None)
         if written is not None:
             self._other_compiles += 1
             self.frontier.update(Point(("as written",), written.footprint.total,

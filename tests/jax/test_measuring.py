@@ -74,3 +74,13 @@ def test_a_thread_local_setting_of_the_caller_holds_for_its_compiles():
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert g.dtype == jnp.float64
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_on_one_core_nothing_compiles_ahead(monkeypatch):
+    monkeypatch.setattr(planner_module, "cores", lambda: 1)
+    planner_module.forget_planners()
+    ws = [jnp.eye(64) * 0.5] * 3
+    x = jnp.ones((128, 64))
+    remat.plan(jax.value_and_grad(_loss), ws, x, memory_limit=0.9)
+    [planner] = planner_module._PLANNERS.values()
+    assert planner.frontier._compile_ahead is None
