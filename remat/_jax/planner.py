@@ -345,8 +345,7 @@ class Planner:
 
     def _measure(self, cand: Candidate) -> Point:
         result, small, _ = cand.payload
-        if not self._measuring.started(cand.key):
-            self._compile_ahead(cand)
+        self._compile_ahead(cand)           # (unless started ahead already)
         t = time.perf_counter()
         measured = self._measuring.measured(cand.key, result, None, small)
         self.compile_seconds += time.perf_counter() - t
