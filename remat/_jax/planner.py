@@ -9,16 +9,18 @@ late (``pins.py``), every plan reads late too. The frontier of each
 program and setting lives for the process (:func:`planner_for`), so asking
 ``remat.plan`` for 0.5 and then 0.6 of the same program reuses every compile.
 Measuring compiles run on worker threads (:mod:`remat._jax.measuring`): the
-plain program's while the orders are simulated, and on CPU the frontier's next
-plan beside the one the search waits for.
+plain program's while the orders are simulated, and on CPU beside it the first
+column's start for the limit asked (its rung found by the model's figure of the
+plain program, XLA's not known yet), and the frontier's next plan beside the
+one the search waits for.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import time
-from collections.abc import Callable
 from typing import Any
 
 from remat._jax.compat import core
@@ -30,16 +32,14 @@ from remat._jax.rewrite import rewrite_jaxpr
 from remat._jax.sharding import keep_output_shardings, value_shardings
 from remat._jax.to_graph import jaxpr_to_graph
 from remat._jax.xla_figures import XlaFootprint, single_platform
-from remat.core.algorithms import (PlanResult, consolidated, get_algorithm,
-                                   may_recompute)
-from remat.core.algorithms.optimal import plan_optimal
-from remat.core.bounds import planner_floor
+from remat.core.algorithms import PlanResult, get_algorithm
+from remat.core.column_plans import ColumnPlans
 from remat.core.gc_pause import gc_paused
 from remat.core.options import PORTFOLIO, RematOptions
 from remat.core.scheduled import Scheduled, on_schedule
 from remat.core.schedulers import get_scheduler
 from remat.core.schedulers.best import ranked_schedules
-from remat.core.search import Candidate, Column, Frontier, Point, rungs
+from remat.core.search import Candidate, Column, Frontier, Point
 from remat.core.simulate import Timeline
 
 __all__ = ["Planner", "planner_for", "PORTFOLIO_ALGORITHMS",
@@ -53,16 +53,11 @@ PORTFOLIO_ALGORITHMS = ("path", "standard", "optimal", "segments")
 #: ``algorithm="optimal"`` does (the default refuses no limit a chosen algorithm
 #: meets), walked after the heuristics of every order.
 OPTIMAL_MAX_OPS = 400
-#: The time limit of each of ``"optimal"``'s solves in the default (seconds; the
-#: best selection found by then is used): it is tried after the heuristics.
-OPTIMAL_DEFAULT_SECONDS = 5.0
 #: Algorithms walked for a limit only while no plan is known within it:
 #: ``"optimal"`` (a solve may take longer than a compile) and ``"segments"`` (its
 #: plans rebuild whole segments, seldom cheaper than an answer found, and it
 #: simulates every segmentation before it answers).
 LAST_RESORT = frozenset({"optimal", "segments"})
-#: The smallest default small-node limit tried before none at all (bytes).
-_SMALLEST_SMALL_NODE = 4096
 #: Frontiers kept for the process (the least recently used one goes first).
 _CACHED_PROGRAMS = 8
 
@@ -93,7 +88,7 @@ class Planner:
 
     def __init__(self, program: Program, options: RematOptions):
         self.program, self.options = program, options
-        self.plan_seconds = self.compile_seconds = 0.0
+        self._seconds = self.compile_seconds = 0.0   # (planning: see plan_seconds)
         self.answers = 0     # limits answered so far
         # compiles started beside the planning, by key: the plain program's while
         # the orders are simulated, the plans' ahead of the search
@@ -120,25 +115,34 @@ class Planner:
                 order = get_scheduler(options.scheduler)(graph)
                 self.orders = [on_schedule(graph, order, check=False)]
             planned_nothing = self._plain_result()
-        self.plan_seconds += time.perf_counter() - start
+        self._seconds += time.perf_counter() - start
+        self.plans = ColumnPlans(self.orders, options)
+        self.reads_late = False     # (decided at the first limit below the plain's)
+        # each value's sharding, on several devices (regions' results carry it)
+        self.placed = value_shardings(program.flat.jaxpr, program.specs)
+        if (late is plain_jaxpr and options.memory_limit is not None
+                and program.measures_in_part and cores() > 1 and not _spread(program)):
+            self._start_guessed(options.memory_limit)
         t = time.perf_counter()
         lowered, compiled = self._measuring.take(())
         self.plain = self.baseline = XlaFootprint.of(compiled)
-        # Plans return their results laid out as the plain program does.
-        program.jit_kwargs = keep_output_shardings(compiled, program.jit_kwargs)
+        # Plans return their results laid out as the plain program does (a plan
+        # lowered before this is lowered again).
+        kept = keep_output_shardings(compiled, program.jit_kwargs)
+        if kept.get("out_shardings") is not program.jit_kwargs.get("out_shardings"):
+            self._measuring.drop()
+        program.jit_kwargs = kept
         written = None
         if program.as_written is not None:    # the user's own checkpoints: a point
             written = Measured.of(program, planned_nothing, program.as_written, 0)
             self.baseline = written.footprint
         self.compile_seconds += time.perf_counter() - t
         start = time.perf_counter()     # the columns (floors, rungs): planning too
-        self._floors: dict[tuple[int, int, Callable], int] = {}
         # Where the platform's default lowering gates regions (its convolutions
         # then read late), the plans' other convolutions may read late too: decided
         # by XLA's figure of the plain program so rewritten, at the first limit
         # below the plain program's (see _decide_reading_late).
         platform = single_platform(compiled)
-        self.reads_late = False
         if not _gates(platform):
             late = plain_jaxpr
         elif late is plain_jaxpr:
@@ -146,8 +150,6 @@ class Planner:
         # the plain program reading late, until compiled (None: nothing to decide)
         self._undecided_late = late if late is not plain_jaxpr else None
         self.reference = self.plain        # what the columns' estimates convert by
-        # each value's sharding, on several devices (regions' results carry it)
-        self.placed = value_shardings(program.flat.jaxpr, program.specs)
         self._other_compiles = 0           # besides the plans' (the reading-late one)
         # The first order with each algorithm first (the strongest planner last
         # among them), then the other orders: a new order costs compiles of its
@@ -190,7 +192,30 @@ class Planner:
             self._other_compiles += 1
             self.frontier.update(Point(("as written",), written.footprint.total,
                                        self._own_flops(), "as written", written))
-        self.plan_seconds += time.perf_counter() - start
+        self._seconds += time.perf_counter() - start
+
+    def _start_guessed(self, memory_limit: int | float) -> None:
+        """Starts, beside the plain program's measuring compile, the compile the
+        search likely asks for first: the first column's start for
+        ``memory_limit``, found with the model's figure of the plain program in
+        place of XLA's (not known yet). Where the two disagree enough to start
+        elsewhere, this compile is dropped unread (``Measuring``)."""
+        start = time.perf_counter()
+        algorithm = self.algorithms()[0]
+        if algorithm in LAST_RESORT:         # (a plan may take longer than a compile)
+            return
+        argument, output, alias = self.program.held_bytes()
+        peak = self.orders[0].timeline.peak_bytes
+        if peak <= argument + output - alias:
+            return
+        guess = XlaFootprint(argument, output, peak - argument - output + alias, alias)
+        limit = guess.limit_bytes(memory_limit)
+        if limit >= peak:                    # the plain program answers
+            return
+        targets = self.plans.rungs(algorithm, 0)   # (a limit's estimate: itself)
+        self._seconds += time.perf_counter() - start
+        self._compile_ahead(self.plans.plans(algorithm, 0)(
+            targets[max(bisect.bisect_right(targets, limit) - 1, 0)]))
 
     def _decide_reading_late(self) -> None:
         """Compiles the plain program with its convolutions reading late
@@ -210,6 +235,11 @@ class Planner:
             self.reads_late, self.reference = True, measured.footprint
             self.frontier.update(Point(("reading late",), measured.footprint.total, 0.0,
                                        "plain, reading late", measured))
+
+    @property
+    def plan_seconds(self) -> float:
+        """Seconds spent planning and rewriting since the planner was made."""
+        return self._seconds + (self.plans.seconds if hasattr(self, "plans") else 0.0)
 
     @property
     def compiles(self) -> int:
@@ -262,85 +292,18 @@ class Planner:
 
     # ---------------------------------------------------------------- columns
 
-    def floor(self, order: int, small: int, algorithm: str) -> int:
-        """The planner's floor on an order with a small-node limit (model bytes)."""
-        key = (order, small, may_recompute(algorithm))    # algorithms share it
-        if key not in self._floors:
-            self._floors[key] = planner_floor(self.program.graph,
-                                              self.orders[order].timeline, small, key[2])
-        return self._floors[key]
-
-    def small_node_bytes(self, order: int, target: int, algorithm: str) -> int:
-        """The small-node limit for a target: the one given; or the default,
-        halved while the values it keeps put the target out of reach, and none
-        if even the smallest does."""
-        small = self.options.small_node_bytes
-        if self.options.small_node_given:
-            return small
-        while small > _SMALLEST_SMALL_NODE and self.floor(order, small, algorithm) > target:
-            small //= 2
-        return small if self.floor(order, small, algorithm) <= target else 0
-
     def _column(self, algorithm: str, order: int) -> Column:
-        scheduled = self.orders[order]
-        timeline = scheduled.timeline
-        least = 0 if not self.options.small_node_given else self.options.small_node_bytes
-        peak = timeline.peak_bytes
+        peak = self.orders[order].timeline.peak_bytes
         # converts misses; starts from the estimate below, which follows the reference
         per_xla = peak / max(self.plain.total - self.plain.scratch, 1)
         name = algorithm if len(self.orders) == 1 else f"{algorithm}/order {order}"
-
-        # optimal, by small-node limit: the highest target no selection met
-        # (none exists, or none the solver found in its time met it: a lower
-        # target's selections are a subset), and the plan of least peak found then
-        out_of_reach: dict[int, tuple[int, Candidate]] = {}
-        planned: dict[int, Candidate] = {}     # by target (a relowered column asks too)
-        seconds = self.options.solver_seconds
-        if algorithm == "optimal" and self.options.algorithm == PORTFOLIO:
-            seconds = min(seconds, OPTIMAL_DEFAULT_SECONDS)
-
-        def plan(target: int) -> Candidate:
-            if target in planned:
-                return planned[target]
-            start = time.perf_counter()
-            small = self.small_node_bytes(order, target, algorithm)
-            highest, least_peak = out_of_reach.get(small, (-1, None))
-            if target <= highest:
-                # No selection met a higher target with these candidates: none
-                # meets this one, and the solver would search for it in vain.
-                self.plan_seconds += time.perf_counter() - start
-                return least_peak
-            options = dataclasses.replace(self.options, model_target_bytes=target,
-                                          algorithm=algorithm, small_node_bytes=small,
-                                          solver_seconds=seconds)
-            with gc_paused():
-                if algorithm == "optimal":
-                    # Its plan of least peak, searched once (to the time limit),
-                    # serves every target out of reach.
-                    result = plan_optimal(scheduled, options,
-                                          least_peak.payload[0] if least_peak else None)
-                else:
-                    result = get_algorithm(algorithm)(scheduled, options)
-                    if result.small_node_bytes is not None:   # the variant kept
-                        small = result.small_node_bytes
-                if not result.met and algorithm != "optimal":
-                    # Regions are merged only within the target; a plan that missed
-                    # it is merged within its own peak: the same peak, less recompute.
-                    result = consolidated(scheduled, result, result.timeline.peak_bytes)
-            self.plan_seconds += time.perf_counter() - start
-            cand = Candidate(result.regions, result.timeline.peak_bytes,
-                             result.extra_flops, (result, small, None))
-            if not result.met and result.status in ("infeasible", "time_limit"):
-                out_of_reach[small] = (max(target, highest), least_peak or cand)
-            planned[target] = cand
-            return cand
 
         def estimate(limit: int) -> int:     # the reference's model bytes per XLA byte
             ref = self.reference
             return int(max(limit - ref.scratch, 0) * peak / max(ref.total - ref.scratch, 1))
 
-        return Column(name, rungs(self.floor(order, least, algorithm), peak), per_xla,
-                      estimate, plan,
+        return Column(name, self.plans.rungs(algorithm, order), per_xla, estimate,
+                      self.plans.plans(algorithm, order),
                       rank=2 * order, plans_quickly=algorithm not in LAST_RESORT)
 
     def _measure(self, cand: Candidate) -> Point:
@@ -364,7 +327,7 @@ class Planner:
             if self.reads_late:
                 jaxpr = pin_late_reads(jaxpr)
             jaxpr = core.ClosedJaxpr(jaxpr, flat.consts)
-        self.plan_seconds += time.perf_counter() - start
+        self._seconds += time.perf_counter() - start
         t = time.perf_counter()
         self._measuring.start(cand.key, jaxpr)
         self.compile_seconds += time.perf_counter() - t

@@ -15,10 +15,12 @@ for each plan, rewrite (``rewrite.rewrite_jaxpr``) -> compile (:meth:`Program.co
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import inspect
 import itertools
+import math
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -269,6 +271,24 @@ class Program:
         return dataclasses.replace(self, flat=closed, graph=_graph_of(
                                        closed, self.specs, self.in_shardings, self.donated),
                                    key=(self.key, tag), as_written=None)
+
+    def held_bytes(self) -> tuple[int, int, int]:
+        """Bytes of its dynamic inputs, of its outputs, and of the outputs that
+        can reuse a donated input's buffer (one of the same shape and type), on
+        one device: what XLA's arguments, outputs and aliased bytes come to
+        when the inputs are not split over devices."""
+        def nbytes(aval) -> int:
+            return math.prod(aval.shape) * aval.dtype.itemsize
+        donated = collections.Counter((s.shape, s.dtype) for k, s in enumerate(self.specs)
+                                      if k in self.donated)
+        alias = 0
+        for v in self.flat.jaxpr.outvars:
+            kind = (v.aval.shape, v.aval.dtype)
+            if donated[kind] > 0:
+                donated[kind] -= 1
+                alias += nbytes(v.aval)
+        return (sum(map(nbytes, self.specs)),
+                sum(nbytes(v.aval) for v in self.flat.jaxpr.outvars), alias)
 
     def function(self, closed: core.ClosedJaxpr) -> Callable:
         """``closed`` (a rewrite of ``flat``) as a jitted function of the dynamic

@@ -84,3 +84,56 @@ def test_on_one_core_nothing_compiles_ahead(monkeypatch):
     remat.plan(jax.value_and_grad(_loss), ws, x, memory_limit=0.9)
     [planner] = planner_module._PLANNERS.values()
     assert planner.frontier._compile_ahead is None
+
+
+def _started_and_read(monkeypatch):
+    """Records the keys of the measuring compiles started and of those read."""
+    started, read = [], []
+    measuring = planner_module.Measuring
+    start, take = measuring.start, measuring.take
+    monkeypatch.setattr(measuring, "start", lambda self, key, jaxpr: (
+        started.append(key), start(self, key, jaxpr))[1])
+    monkeypatch.setattr(measuring, "take", lambda self, key: (
+        read.append(key), take(self, key))[1])
+    return started, read
+
+
+def _mlp_call(seed):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 7)
+    ws = [jax.random.normal(k, (128, 128)) / 11 for k in keys[:6]]
+    return jax.value_and_grad(_loss), ws, jax.random.normal(keys[6], (256, 128))
+
+
+@pytest.mark.parametrize("limit", [0.8, 0.6])
+def test_the_first_start_compiles_beside_the_plain_program_and_changes_no_answer(
+        monkeypatch, limit):
+    grad, ws, x = _mlp_call(13)
+    planner_module.forget_planners()
+    with monkeypatch.context() as m:
+        m.setattr(planner_module.Planner, "_start_guessed", lambda self, limit: None)
+        alone = remat.plan(grad, ws, x, memory_limit=limit)
+    planner_module.forget_planners()
+    started, read = _started_and_read(monkeypatch)
+    plan = remat.plan(grad, ws, x, memory_limit=limit)
+    # the plain program, then the first column's start, both before either is read
+    assert started[0] == () and started[1] != () and read[0] == ()
+    # the model's figure of this program puts it at XLA's start: the search reads it
+    assert started[1] == read[1]
+    assert (plan.planned, plan.extra_flops, plan.algorithm) == (
+        alone.planned, alone.extra_flops, alone.algorithm)
+
+
+def test_a_start_guessed_wrong_changes_no_answer(monkeypatch):
+    # the model's figure without its arguments and outputs: its limit lands on a
+    # lower rung than the search starts at (read later if a walk gets there)
+    grad, ws, x = _mlp_call(14)
+    planner_module.forget_planners()
+    alone = remat.plan(grad, ws, x, memory_limit=0.6)
+    planner_module.forget_planners()
+    monkeypatch.setattr(program_module.Program, "held_bytes", lambda self: (0, 0, 0))
+    started, read = _started_and_read(monkeypatch)
+    plan = remat.plan(grad, ws, x, memory_limit=0.6)
+    assert read[1] != started[1]
+    [planner] = planner_module._PLANNERS.values()
+    assert not planner._measuring._lowered
+    assert (plan.planned, plan.extra_flops) == (alone.planned, alone.extra_flops)

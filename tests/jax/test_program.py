@@ -129,3 +129,23 @@ def test_a_step_that_changes_its_arguments_is_refused():
                                          r"arguments \(argument leaf \[0\]\['w'\]\).*"
                                          r"Return the new state"):
         remat.plan(step, state, x, memory_limit=0.5)
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_held_bytes_are_xlas_arguments_outputs_and_aliased_bytes(donate):
+    # a train step: the new parameters can take the donated old ones' buffers
+    def step(ws, x):
+        grads = jax.grad(_mlp)(ws, x)
+        return [w - 0.1 * g for w, g in zip(ws, grads)], jnp.sum(x)
+
+    _, (ws, x) = _args("mlp")
+    ws = [w + k for k, w in enumerate(ws)]      # distinct arrays
+    kwargs = {"donate_argnums": (0,)} if donate else {}
+    program, _ = trace_program(step, (ws, x), {}, CallSpec.of(step, dict(kwargs)), {})
+    xla = XlaFootprint.of(jax.jit(step, **kwargs).lower(ws, x).compile())
+    argument, output, alias = program.held_bytes()
+    assert (argument, alias) == (xla.argument, xla.alias)
+    # XLA's outputs also hold the tuple of their addresses (8 bytes each)
+    outputs = len(program.flat.jaxpr.outvars)
+    assert 0 <= xla.output - output <= 8 * outputs
+    assert (xla.alias > 0) == donate
