@@ -47,6 +47,13 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    planned it, it counts as that column's walk having met the limit: a lower
    limit asked later walks no column that the higher one's search passed over
    after meeting it.
+   Before the first slow column is walked while no plan is known within the
+   limit (step 2b, :meth:`Frontier.fill_skipped`): on each quick column of the
+   first rank, the rungs its walk stepped over (between its start and its
+   lowest rung compiled), from the top down, its share of compiles at most. A
+   step assumes the compiler's footprint falls with the model's peak; where it
+   does not (a lower plan read higher), the rung that meets can lie in what
+   the step jumped over, and a compile there costs less than a slow plan.
 3. If no walk met it and no point was known within it, on each column every
    rung at or below its start not compiled yet, until a plan is within the limit.
 4. The answer: the cheapest point known (from any limit asked of this frontier
@@ -369,6 +376,28 @@ class Frontier:
                 return True
         return False
 
+    def fill_skipped(self, limit: int) -> bool:
+        """Step 2b: on each column of the first rank that plans quickly, the
+        rungs its walk stepped over (below its start, above its lowest rung
+        compiled), from the top down, its share of compiles at most, until a
+        plan meets ``limit``; True if one did."""
+        quick = [c for c in range(len(self.columns)) if self.columns[c].plans_quickly]
+        if not quick:
+            return False
+        rank = min(self.columns[c].rank for c in quick)
+        share = max(self.max_compiles // len(self.columns), 1)
+        todo = []
+        for c in quick:
+            walked = [k for k in range(self.start(c, limit) + 1) if (c, k) in self._measured]
+            if self.columns[c].rank == rank and walked:
+                todo += [(c, k) for k in reversed(range(min(walked) + 1, max(walked)))
+                         if (c, k) not in self._measured][:share]
+        for j, (c, k) in enumerate(todo):
+            after = todo[j + 1] if j + 1 < len(todo) else None
+            if self.point(c, k, lambda key: after).footprint <= limit:
+                return True
+        return False
+
     def _walk_order(self) -> list[int]:
         """The columns in the order the walks take them: those that plan quickly
         first, each group in the given order."""
@@ -431,6 +460,7 @@ class Frontier:
         met = None      # the point whose rank selects the columns walked after it
         # the columns that plan quickly first (a slow column's plan can cost
         # several compiles' time), each group in the given order
+        skipped_filled = False
         for c in self._walk_order():
             col = self.columns[c]
             if met is not None:
@@ -439,6 +469,11 @@ class Frontier:
                     continue
             elif best is not None and not col.plans_quickly:
                 continue
+            if not col.plans_quickly and not skipped_filled:
+                skipped_filled = True
+                if self.fill_skipped(limit):
+                    best = met = self.best_under(limit)
+                    continue
             if self.walk(c, limit, math.inf if best is None else best.extra_flops):
                 best = met = self.best_under(limit)
             elif best is not None and best.column == col.name:

@@ -459,3 +459,55 @@ def test_once_a_plan_is_within_no_other_columns_start_is_compiled_ahead():
     # after it, each compile starts only itself (refines, walks for less recompute)
     assert all(k in compiled for k in ahead[2:])
     assert [k for k in ahead if k not in compiled] in ([], [ahead[1]])
+
+
+def _window_column(name, window, rank=0, quick=True):
+    """A plan at every rung (:func:`_window_compiler` reads them)."""
+    return dataclasses.replace(_scaled_column(name, 1.0, rank=rank), plans_quickly=quick)
+
+
+def _window_compiler(window):
+    """Every plan read over the plain peak but those whose peak is in
+    ``window``, read at their peak: a narrow stretch a step by the miss jumps
+    over (a compiler whose footprint does not fall with the model's)."""
+    compiled = []
+
+    def measure(cand):
+        compiled.append(cand.key)
+        t = cand.model_peak
+        return Point(cand.key, t if window[0] <= t <= window[1] else PEAK + 100,
+                     cand.extra_flops, "")
+    return measure, compiled
+
+
+def test_before_a_slow_column_the_rungs_a_walk_stepped_over_are_compiled():
+    targets = rungs(FLOOR, PEAK)
+    limit = targets[-8]         # (the start: the walk steps from there by 300)
+    window = (targets[-10], targets[-10])       # two rungs under the start
+    measure, compiled = _window_compiler(window)
+    slow = dataclasses.replace(_scaled_column("slow", 0.5), plans_quickly=False)
+    f = Frontier([_window_column("quick", window), slow], measure)
+    p = f.answer(limit)
+    assert p is not None and p.column == "quick" and p.footprint == targets[-10]
+    walked = [k[1] for k in compiled]
+    assert walked[0] == targets[-8] and walked[1] < targets[-10]   # stepped over it
+    assert walked[-2:] == [targets[-9], targets[-10]]              # then, from the top
+    assert not any(k[0] == "slow" for k in compiled)               # no slow plan made
+
+
+def test_only_the_first_rank_has_its_stepped_over_rungs_compiled_before_slow_ones():
+    targets = rungs(FLOOR, PEAK)
+    window = (targets[-10], targets[-10])
+    measure, compiled = _window_compiler(window)
+
+    def only_b(cand):           # only the rank-1 column's plans find the window
+        p = measure(cand)
+        return p if cand.key[0] == "b" else dataclasses.replace(p, footprint=PEAK + 100)
+
+    slow = dataclasses.replace(_scaled_column("slow", 0.5), plans_quickly=False)
+    f = Frontier([_window_column("a", window), _window_column("b", window, rank=1),
+                  slow], only_b)
+    assert f.answer(targets[-8]).key == ("b", targets[-10])
+    first_slow = next(i for i, k in enumerate(compiled) if k[0] == "slow")
+    assert compiled.index(("b", targets[-10])) > first_slow     # at step 3
+    assert ("a", targets[-9]) in compiled[:first_slow]          # a's, at step 2b
