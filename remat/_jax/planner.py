@@ -214,7 +214,7 @@ class Planner:
             return
         targets = self.plans.rungs(algorithm, 0)   # (a limit's estimate: itself)
         self._seconds += time.perf_counter() - start
-        self._compile_ahead(self.plans.plans(algorithm, 0)(
+        self._compile_ahead(self.plans.of(algorithm, 0)(
             targets[max(bisect.bisect_right(targets, limit) - 1, 0)]))
 
     def _decide_reading_late(self) -> None:
@@ -239,7 +239,7 @@ class Planner:
     @property
     def plan_seconds(self) -> float:
         """Seconds spent planning and rewriting since the planner was made."""
-        return self._seconds + (self.plans.seconds if hasattr(self, "plans") else 0.0)
+        return self._seconds + self.plans.seconds
 
     @property
     def compiles(self) -> int:
@@ -303,7 +303,7 @@ class Planner:
             return int(max(limit - ref.scratch, 0) * peak / max(ref.total - ref.scratch, 1))
 
         return Column(name, self.plans.rungs(algorithm, order), per_xla, estimate,
-                      self.plans.plans(algorithm, order),
+                      self.plans.of(algorithm, order),
                       rank=2 * order, plans_quickly=algorithm not in LAST_RESORT)
 
     def _measure(self, cand: Candidate) -> Point:

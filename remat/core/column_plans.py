@@ -29,8 +29,8 @@ setting, every (algorithm, order) of it. Rules:
 >>> plans = ColumnPlans([on_schedule(b.build(outputs=[z]), (0, 1, 2))],
 ...                     RematOptions(0, "path"))
 >>> targets = plans.rungs("path", 0)
->>> plan = plans.plans("path", 0)
->>> plan(targets[0]) is plan(targets[0]), plans.plans("path", 0) is plan
+>>> plan = plans.of("path", 0)
+>>> plan(targets[0]) is plan(targets[0]), plans.of("path", 0) is plan
 (True, True)
 """
 
@@ -100,7 +100,7 @@ class ColumnPlans:
         return rungs(self.floor(order, least, algorithm),
                      self.orders[order].timeline.peak_bytes)
 
-    def plans(self, algorithm: str, order: int) -> Callable[[int], Candidate]:
+    def of(self, algorithm: str, order: int) -> Callable[[int], Candidate]:
         """A model target -> the :class:`Candidate` of ``algorithm`` on ``order``
         for it (the same function for every caller)."""
         if (algorithm, order) not in self._plans:

@@ -30,10 +30,10 @@ def test_rungs_ascend_from_the_floor_to_below_the_plain_peak():
 def test_each_target_is_planned_once_and_timed():
     plans = _plans(random_dag(4, num_ops=40))
     target = plans.rungs("standard", 0)[5]
-    first = plans.plans("standard", 0)(target)
+    first = plans.of("standard", 0)(target)
     spent = plans.seconds
     assert spent > 0
-    assert plans.plans("standard", 0)(target) is first and plans.seconds == spent
+    assert plans.of("standard", 0)(target) is first and plans.seconds == spent
     assert first.payload[0].rewritten is not None and first.payload[2] is None
 
 
@@ -77,7 +77,7 @@ def test_optimal_solves_no_target_below_one_out_of_reach(monkeypatch):
 
     monkeypatch.setattr(module, "plan_optimal", counted)
     plans = _plans(random_dag(5, num_ops=20), solver_seconds=2.0)
-    plan = plans.plans("optimal", 0)
+    plan = plans.of("optimal", 0)
     targets = plans.rungs("optimal", 0)
     high = plan(targets[10])
     assert solves == [targets[10]]
@@ -99,5 +99,5 @@ def test_optimal_in_the_default_solves_for_at_most_its_seconds(
 
     monkeypatch.setattr(module, "plan_optimal", recorded)
     plans = _plans(random_dag(6, num_ops=15), solver_seconds=seconds, algorithm=algorithm)
-    plans.plans("optimal", 0)(plans.rungs("optimal", 0)[-1])
+    plans.of("optimal", 0)(plans.rungs("optimal", 0)[-1])
     assert limits == [expected]
