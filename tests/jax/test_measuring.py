@@ -87,7 +87,9 @@ def test_on_one_core_nothing_compiles_ahead(monkeypatch):
 
 
 def _started_and_read(monkeypatch):
-    """Records the keys of the measuring compiles started and of those read."""
+    """Records the keys of the measuring compiles started and of those read (a
+    second core granted: on one, nothing compiles beside the plain program)."""
+    monkeypatch.setattr(planner_module, "cores", lambda: 2)
     started, read = [], []
     measuring = planner_module.Measuring
     start, take = measuring.start, measuring.take
