@@ -8,9 +8,6 @@ plain program lower with its backward convolutions reading their saved operands
 late (``pins.py``), every plan reads late too. The frontier of each
 program and setting lives for the process (:func:`planner_for`), so asking
 ``remat.plan`` for 0.5 and then 0.6 of the same program reuses every compile.
-The plain program is compiled with its equations named (:mod:`remat._jax.xla_fusion`),
-and the first order is planned on again where the ops whose results XLA never
-stored (computed again inside each fusion reading them) hold no bytes.
 Measuring compiles run on worker threads (:mod:`remat._jax.measuring`): the
 plain program's while the orders are simulated, and on CPU beside it the first
 column's start for the limit asked (its rung found by the model's figure of the
@@ -35,7 +32,6 @@ from remat._jax.rewrite import rewrite_jaxpr
 from remat._jax.sharding import keep_output_shardings, value_shardings
 from remat._jax.to_graph import jaxpr_to_graph
 from remat._jax.xla_figures import XlaFootprint, single_platform
-from remat._jax.xla_fusion import as_xla_fused, tag_equations
 from remat.core.algorithms import PlanResult, get_algorithm
 from remat.core.column_plans import ColumnPlans
 from remat.core.gc_pause import gc_paused
@@ -98,7 +94,7 @@ class Planner:
         # the orders are simulated, the plans' ahead of the search
         self._measuring = Measuring(program)
         t = time.perf_counter()
-        self._measuring.start((), tag_equations(program.flat))
+        self._measuring.start((), program.flat)
         # the plain program reading late too, if it runs on one device of a
         # platform whose lowering gates (checked again once compiled)
         plain_jaxpr = program.flat.jaxpr
@@ -136,7 +132,6 @@ class Planner:
         if kept.get("out_shardings") is not program.jit_kwargs.get("out_shardings"):
             self._measuring.drop()
         program.jit_kwargs = kept
-        self._add_xla_fused_order(compiled)
         written = None
         if program.as_written is not None:    # the user's own checkpoints: a point
             written = Measured.of(program, planned_nothing, program.as_written, 0)
@@ -222,21 +217,6 @@ class Planner:
         self._compile_ahead(self.plans.of(algorithm, 0)(
             targets[max(bisect.bisect_right(targets, limit) - 1, 0)]))
 
-    def _add_xla_fused_order(self, compiled) -> None:
-        """Adds the first order again on the graph as XLA fused the plain program
-        (:func:`~remat._jax.xla_fusion.as_xla_fused`), where that differs. Its
-        columns come after the other orders' heuristics: fusing in the model what
-        XLA fused in the plain program, they may misjudge what it fuses in a
-        plan, so they answer only limits the guessed fusion's plans miss."""
-        start = time.perf_counter()
-        self._xla_fused: int | None = None     # (that order's index)
-        graph = as_xla_fused(self.program.graph, compiled)
-        if graph is not self.program.graph:
-            self.orders.append(on_schedule(graph, self.orders[0].schedule, check=False))
-            self.plans.add_order(self.orders[-1])
-            self._xla_fused = len(self.orders) - 1
-        self._seconds += time.perf_counter() - start
-
     def _decide_reading_late(self) -> None:
         """Compiles the plain program with its convolutions reading late
         (:mod:`remat._jax.pins`); if XLA reads it below the program as written,
@@ -317,8 +297,6 @@ class Planner:
         # converts misses; starts from the estimate below, which follows the reference
         per_xla = peak / max(self.plain.total - self.plain.scratch, 1)
         name = algorithm if len(self.orders) == 1 else f"{algorithm}/order {order}"
-        if order == self._xla_fused:
-            name = f"{algorithm}/order 0, as XLA fused"
 
         def estimate(limit: int) -> int:     # the reference's model bytes per XLA byte
             ref = self.reference
