@@ -63,7 +63,7 @@ def _plan_traced(program: Program, options: RematOptions, spec: CallSpec) -> Pla
     limit = planner.baseline.limit_bytes(options.memory_limit)
     point = planner.answer(limit)
     if point is None:
-        lowest = planner.frontier.lowest()
+        lowest = planner.lowest()
         raise MemoryLimitError(refusal(planner, limit), limit, lowest.footprint,
                                planner.baseline.held_whatever)
     m = point.payload
@@ -81,7 +81,7 @@ def refusal(planner: Planner, limit: int) -> str:
     """Why ``limit`` is refused: the least footprint reached, a true lower bound,
     and only the advice that applies to the settings given."""
     options, base = planner.options, planner.baseline
-    lowest = planner.frontier.lowest()
+    lowest = planner.lowest()
     algorithms = planner.algorithms()
     if limit < base.held_whatever:
         return (f"remat: cannot meet memory_limit={format_bytes(limit)} ({limit} bytes): "
@@ -89,12 +89,12 @@ def refusal(planner: Planner, limit: int) -> str:
                 f"{format_bytes(base.held_whatever)} (arguments + outputs - donated "
                 f"bytes); XLA's footprint of the program as written is "
                 f"{format_bytes(base.total)}.")
-    frontier = planner.frontier
-    plans = (f"{frontier.compiles} distinct plans of {', '.join(map(repr, algorithms))} "
-             "compiled")
-    searched = (f"the search stopped after compiling {frontier.max_compiles} plans for "
-                f"this limit, with planning targets at or below it left untried ({plans})"
-                if frontier.out_of_compiles else
+    frontiers = [f for f in (planner.frontier, planner.fused) if f is not None]
+    plans = (f"{sum(f.compiles for f in frontiers)} distinct plans of "
+             f"{', '.join(map(repr, algorithms))} compiled")
+    searched = (f"the search stopped after compiling {planner.frontier.max_compiles} "
+                f"plans for this limit, with planning targets at or below it left "
+                f"untried ({plans})" if any(f.out_of_compiles for f in frontiers) else
                 f"every planning target at or below this limit's was tried ({plans})")
     text = (f"remat: cannot meet memory_limit={format_bytes(limit)} ({limit} bytes). "
             f"XLA's footprint of the program is {format_bytes(base.total)}; the least "

@@ -8,6 +8,9 @@ plain program lower with its backward convolutions reading their saved operands
 late (``pins.py``), every plan reads late too. The frontier of each
 program and setting lives for the process (:func:`planner_for`), so asking
 ``remat.plan`` for 0.5 and then 0.6 of the same program reuses every compile.
+The plain program is compiled with its equations named (:mod:`remat._jax.xla_fusion`),
+and the first order is planned on again where the ops whose results XLA never
+stored (computed again inside each fusion reading them) hold no bytes.
 Measuring compiles run on worker threads (:mod:`remat._jax.measuring`): the
 plain program's while the orders are simulated, and on CPU beside it the first
 column's start for the limit asked (its rung found by the model's figure of the
@@ -32,6 +35,7 @@ from remat._jax.rewrite import rewrite_jaxpr
 from remat._jax.sharding import keep_output_shardings, value_shardings
 from remat._jax.to_graph import jaxpr_to_graph
 from remat._jax.xla_figures import XlaFootprint, single_platform
+from remat._jax.xla_fusion import as_xla_fused, tag_equations
 from remat.core.algorithms import PlanResult, get_algorithm
 from remat.core.column_plans import ColumnPlans
 from remat.core.gc_pause import gc_paused
@@ -79,6 +83,9 @@ class Planner:
       reference: XLA's footprint the columns' estimates convert by (the
         plain program's, or its reading late).
       frontier: the search's points (:class:`remat.core.search.Frontier`).
+      fused: the frontier of the first order as XLA fused the plain program,
+        asked where ``frontier`` refuses (None until then, and where XLA fused
+        as guessed).
       orders: the orders planned on, each with its simulation and what the
         plans on it share (a :class:`~remat.core.scheduled.Scheduled`).
       plan_seconds, compile_seconds: time spent planning and rewriting, and in
@@ -94,7 +101,7 @@ class Planner:
         # the orders are simulated, the plans' ahead of the search
         self._measuring = Measuring(program)
         t = time.perf_counter()
-        self._measuring.start((), program.flat)
+        self._measuring.start((), tag_equations(program.flat))
         # the plain program reading late too, if it runs on one device of a
         # platform whose lowering gates (checked again once compiled)
         plain_jaxpr = program.flat.jaxpr
@@ -132,6 +139,9 @@ class Planner:
         if kept.get("out_shardings") is not program.jit_kwargs.get("out_shardings"):
             self._measuring.drop()
         program.jit_kwargs = kept
+        # the plain program's compile, until read for the order as XLA fused it
+        self._fused_from, self.fused = compiled, None
+        self._xla_fused: int | None = None      # (that order's index, once added)
         written = None
         if program.as_written is not None:    # the user's own checkpoints: a point
             written = Measured.of(program, planned_nothing, program.as_written, 0)
@@ -160,8 +170,9 @@ class Planner:
         # on its order and lowering) are walked for less recompute, and after a
         # gated answer the same column's plans under the fallback lowering (which
         # keeps fewer bytes, so its walk may meet higher up). "optimal" on the other
-        # orders comes last of all (each rung a solve of up to seconds): it only
-        # takes limits no other column meets.
+        # orders comes after them (each rung a solve of up to seconds): it only
+        # takes limits no other column meets. The order as XLA fused has a
+        # frontier of its own (_fused_frontier).
         names = self.algorithms()
         columns = [self._column(name, k) for k in range(len(self.orders))
                    for name in names if k == 0 or name != "optimal"]
@@ -186,8 +197,8 @@ class Planner:
         # is the full compile, which takes every core, and on a GPU autotunes on
         # the device the user's arrays fill.
         ahead = program.measures_in_part and cores() > 1
-        self.frontier = Frontier(columns, self._measure, plain,
-                                 compile_ahead=self._compile_ahead if ahead else None)
+        self._ahead = self._compile_ahead if ahead else None
+        self.frontier = Frontier(columns, self._measure, plain, compile_ahead=self._ahead)
         if written is not None:
             self._other_compiles += 1
             self.frontier.update(Point(("as written",), written.footprint.total,
@@ -217,6 +228,28 @@ class Planner:
         self._compile_ahead(self.plans.of(algorithm, 0)(
             targets[max(bisect.bisect_right(targets, limit) - 1, 0)]))
 
+    def _fused_frontier(self) -> Frontier | None:
+        """The frontier of the first order on the graph as XLA fused the plain
+        program (:func:`~remat._jax.xla_fusion.as_xla_fused`), made when first
+        asked for; None where that fuses as guessed. Asked only for limits the
+        first frontier refuses (fusing in the model what XLA fused in the plain
+        program, its plans may misjudge what XLA fuses in them); its answers
+        join the first frontier."""
+        if self._fused_from is None:
+            return self.fused
+        start = time.perf_counter()
+        graph = as_xla_fused(self.program.graph, self._fused_from)
+        self._fused_from = None
+        if graph is not self.program.graph:
+            self.orders.append(on_schedule(graph, self.orders[0].schedule, check=False))
+            self.plans.add_order(self.orders[-1])
+            self._xla_fused = len(self.orders) - 1
+            self.fused = Frontier([self._column(name, self._xla_fused)
+                                   for name in self.algorithms()], self._measure,
+                                  self.frontier.plain, compile_ahead=self._ahead)
+        self._seconds += time.perf_counter() - start
+        return self.fused
+
     def _decide_reading_late(self) -> None:
         """Compiles the plain program with its convolutions reading late
         (:mod:`remat._jax.pins`); if XLA reads it below the program as written,
@@ -245,7 +278,14 @@ class Planner:
     def compiles(self) -> int:
         """Programs compiled to measure, the plain one aside (the plans', and the
         plain program reading late)."""
-        return self.frontier.compiles + self._other_compiles
+        fused = self.fused.compiles if self.fused is not None else 0
+        return self.frontier.compiles + fused + self._other_compiles
+
+    def lowest(self) -> Point | None:
+        """The point of the least footprint known (of either frontier)."""
+        points = [f.lowest() for f in (self.frontier, self.fused) if f is not None]
+        return min((p for p in points if p is not None),
+                   key=lambda p: (p.footprint, p.extra_flops), default=None)
 
     def algorithms(self) -> tuple[str, ...]:
         """The algorithms planned with: the one chosen, or the default's."""
@@ -266,6 +306,10 @@ class Planner:
         try:
             while True:
                 point = self.frontier.answer(limit)
+                if point is None and self._fused_frontier() is not None:
+                    point = self.fused.answer(limit)
+                    if point is not None:       # (the cheapest known, from now on)
+                        self.frontier.update(point)
                 if point is None or point.payload.final:
                     return point
                 self._measuring.drop()      # (the full compile takes every core)
@@ -288,6 +332,8 @@ class Planner:
                                       final=True, lowered=None)
         final = dataclasses.replace(point, footprint=footprint.total, payload=payload)
         self.frontier.update(final)
+        if self.fused is not None and final.key in self.fused.points:
+            self.fused.update(final)
         return final
 
     # ---------------------------------------------------------------- columns
@@ -297,6 +343,8 @@ class Planner:
         # converts misses; starts from the estimate below, which follows the reference
         per_xla = peak / max(self.plain.total - self.plain.scratch, 1)
         name = algorithm if len(self.orders) == 1 else f"{algorithm}/order {order}"
+        if order == self._xla_fused:
+            name = f"{algorithm}/order 0, as XLA fused"
 
         def estimate(limit: int) -> int:     # the reference's model bytes per XLA byte
             ref = self.reference

@@ -52,8 +52,10 @@ def planner_floor(graph: Graph, timeline: Timeline, small_node_bytes: int,
 
     aliased = donated_aliases(graph)    # in their results' buffers (held)
 
-    def costs(v: int) -> bool:
-        return not (timeline.fused[v] or timeline.in_output_buffer[v] or v in aliased)
+    def costs(v: int) -> bool:     # (a plan may fuse a "copied" op's value anew)
+        producer = graph.values[v].producer
+        return not (timeline.fused[v] or timeline.in_output_buffer[v] or v in aliased
+                    or producer is not None and graph.ops[producer].fusion == "copied")
 
     # bytes of kept values live strictly between their definition and last use
     across = [0] * (n + 1)

@@ -76,6 +76,10 @@ class ColumnPlans:
         self._floors: dict[tuple[int, int, bool], int] = {}
         self._plans: dict[tuple[str, int], Callable[[int], Candidate]] = {}
 
+    def add_order(self, scheduled: Scheduled) -> None:
+        """Plans on one more order too (the next index)."""
+        self.orders += (scheduled,)
+
     def floor(self, order: int, small: int, algorithm: str) -> int:
         """The planner's floor on an order with a small-node limit (model bytes)."""
         key = (order, small, may_recompute(algorithm))    # algorithms share it

@@ -10,7 +10,10 @@ graph alone (no schedule needed):
   and either all its users end up in one fusion (e.g. ``q`` in ``q + q * h``), or
   its producer is cheap to duplicate into each of them: it writes at least
   ``_EXPANSION`` times the bytes it reads (broadcasts, iotas). XLA:CPU does not
-  duplicate other multi-user producers, so their values stay in memory.
+  duplicate other multi-user producers, so their values stay in memory, unless
+  the compiled program showed it does: a ``"copied"`` op (an elementwise op XLA
+  computed again inside each fusion reading it, and never stored) is fused into
+  several readers like a broadcast, whatever its bytes.
 
 A fused value occupies no bytes; the values its producer reads must stay live until
 the fusion really runs, i.e. until the last op that consumes the fused chain (the
@@ -43,7 +46,9 @@ if TYPE_CHECKING:       # graph.py works out a graph's fusion when it is made
 
 __all__ = ["Fusion", "fusion_of", "fused_values", "fused_ops", "resident_bytes"]
 
-_ABSORBS_FUSED_PRODUCERS = ("loop", "reduce")
+#: Ops whose results may be fused into their readers.
+_FUSES_INTO_READERS = ("loop", "copied")
+_ABSORBS_FUSED_PRODUCERS = ("loop", "copied", "reduce")
 
 #: A producer is duplicated into several consumers only when it writes at least this
 #: many times the bytes it reads (broadcasts of scalars and rows, iotas).
@@ -110,7 +115,8 @@ def _fusion_from_scratch(graph: Graph) -> tuple[list[bool], list[int]]:
     ops = graph.ops
     # last one first: in reverse topological order, an op's readers are settled
     # before it, and nothing is settled twice
-    _settle(graph, [o for o in graph.topological_order if ops[o].fusion == "loop"],
+    _settle(graph, [o for o in graph.topological_order
+                    if ops[o].fusion in _FUSES_INTO_READERS],
             fused, fusion_id, upstream=False)
     return fused, fusion_id
 
@@ -135,14 +141,14 @@ def _fusion_after_rewiring(graph: Graph, base: Graph, changed: Sequence[int]
     dirty.discard(None)
     # in topological order, so that (last first) an op's readers are settled first
     _settle(graph, [o for o in graph.topological_order
-                    if o in dirty and ops[o].fusion == "loop"], fused, fusion_id,
-            upstream=True)
+                    if o in dirty and ops[o].fusion in _FUSES_INTO_READERS],
+            fused, fusion_id, upstream=True)
     return fused, fusion_id
 
 
 def _settle(graph: Graph, stack: list[int], fused: list[bool],
             fusion_id: list[int], upstream: bool) -> None:
-    """Settles the ``"loop"`` ops on ``stack``, last first (and with
+    """Settles the ``"loop"`` and ``"copied"`` ops on ``stack``, last first (and with
     ``upstream``, again any op upstream whose readers' fusion moved): sets
     ``fused`` for each one's values from their readers' fusions, and its fusion
     id: its own id if it is not fused into its readers, a reader's fusion if all
@@ -166,7 +172,7 @@ def _settle(graph: Graph, stack: list[int], fused: list[bool],
                 all_fused = False
                 continue
             reader_fusions = {fusion_id[u] for u in readers}
-            if len(reader_fusions) > 1:
+            if len(reader_fusions) > 1 and op.fusion != "copied":
                 if read_bytes < 0:
                     read_bytes = sum(values[i].nbytes for i in set(op.inputs))
                 if read_bytes * _EXPANSION > values[v].nbytes:
@@ -184,6 +190,7 @@ def _settle(graph: Graph, stack: list[int], fused: list[bool],
         if upstream:
             for v in op.inputs:
                 p = values[v].producer
-                if p is not None and p not in pending and ops[p].fusion == "loop":
+                if (p is not None and p not in pending
+                        and ops[p].fusion in _FUSES_INTO_READERS):
                     pending.add(p)
                     stack.append(p)

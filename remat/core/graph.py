@@ -44,7 +44,7 @@ class GraphError(ValueError):
 
 
 #: The fusion kinds of an op (see ``Op.fusion``).
-FUSION_KINDS = ("none", "loop", "reduce")
+FUSION_KINDS = ("none", "loop", "copied", "reduce")
 
 
 class Value(NamedTuple):
@@ -75,7 +75,9 @@ class Op(NamedTuple):
       source: the user source line it came from, e.g. ``"model.py:12 (loss)"``.
       fusion: how the compiler may fuse it (see ``remat.core.fusion``):
         ``"loop"`` for elementwise-like ops (elementwise math, convert, broadcast,
-        reshape, select ...) that fuse with their neighbours; ``"reduce"`` for ops
+        reshape, select ...) that fuse with their neighbours; ``"copied"`` for a
+        ``"loop"`` op the compiler computes again inside each fusion reading it
+        (seen in its compiled program, :meth:`Graph.with_copied`); ``"reduce"`` for ops
         that absorb fusible producers but whose outputs are materialized
         (reductions); ``"none"`` for the rest (dots, convolutions, loops ...).
       working_set_bytes: scratch memory the op needs while it runs, beyond its inputs
@@ -161,6 +163,25 @@ class Graph:
         graph._set(users=_users_after_rewiring(graph, base, changed))
         graph._set(fusion=fusion_of(graph, base, changed))
         return graph
+
+    def with_copied(self, op_ids: Iterable[int]) -> "Graph":
+        """This graph with each ``"loop"`` op of ``op_ids`` made ``"copied"``: one
+        the compiler computes again inside each fusion reading it, as its
+        compiled program showed (``self`` if that changes no op).
+
+        >>> b = GraphBuilder()
+        >>> x = b.add_input(4)
+        >>> (y,) = b.add_op("mul", [x, x], [4], fusion="loop")
+        >>> g = b.build(outputs=[y])
+        >>> g.with_copied([0]).ops[0].fusion, g.with_copied([]) is g
+        ('copied', True)
+        """
+        copied = {o for o in op_ids if self.ops[o].fusion == "loop"}
+        if not copied:
+            return self
+        ops = tuple(op._replace(fusion="copied") if o in copied else op
+                    for o, op in enumerate(self.ops))
+        return Graph(self.values, ops, self.inputs, self.outputs, self.donated)
 
     @functools.cached_property
     def predecessors(self) -> tuple[tuple[int, ...], ...]:

@@ -287,7 +287,7 @@ def _with_fusions(graph: Graph, region: Region, position) -> Region:
     added = consumers.difference(region.consumers)
     # Nor when an added op is a reduction, fuses other values made outside the
     # block (they would be handed in, in memory), or the block would span other ops.
-    if any(graph.ops[u].fusion != "loop" or any(
+    if any(graph.ops[u].fusion not in ("loop", "copied") or any(
             fused[w] and graph.values[w].producer not in consumers
             for w in graph.ops[u].inputs) for u in added):
         return region

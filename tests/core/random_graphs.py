@@ -6,6 +6,9 @@ import random
 
 from remat.core.graph import FUSION_KINDS, Graph, GraphBuilder
 
+#: The kinds a graph has before a compile was read ("copied" comes from one).
+GUESSED_KINDS = tuple(k for k in FUSION_KINDS if k != "copied")
+
 
 def chain(length: int, nbytes: int = 100) -> Graph:
     """x -> op0 -> op1 -> ... -> op{length-1}, every value ``nbytes``."""
@@ -18,7 +21,7 @@ def chain(length: int, nbytes: int = 100) -> Graph:
 
 def random_dag(seed: int, num_ops: int = 30, num_inputs: int = 3, max_operands: int = 3,
                fusion: bool = True, window: int | None = None,
-               kinds: tuple[str, ...] = FUSION_KINDS) -> Graph:
+               kinds: tuple[str, ...] = GUESSED_KINDS) -> Graph:
     """A random DAG: each op reads 1..max_operands earlier values (inputs or outputs
     of earlier ops, from the last ``window`` ops when given) and defines 1 or 2
     values of random sizes; a few random values are program outputs. Each op's

@@ -4,6 +4,7 @@ import pytest
 
 from remat.core.algorithms import get_algorithm
 from remat.core.bounds import planner_floor
+from remat.core.graph import FUSION_KINDS
 from remat.core.options import RematOptions
 from remat.core.scheduled import on_schedule
 from remat.core.simulate import simulate
@@ -21,7 +22,7 @@ def test_floor_rises_with_the_small_node_limit():
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("name", ["path", "standard"])
 def test_no_plan_goes_below_the_floor(seed, name):
-    g = random_dag(seed, num_ops=40)
+    g = random_dag(seed, num_ops=40, kinds=FUSION_KINDS)
     order = tuple(range(g.num_ops))
     tl = simulate(g, order)
     for small in (0, 500):

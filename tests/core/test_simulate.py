@@ -76,6 +76,28 @@ def test_multi_use_elementwise_is_materialized_unless_cheap_to_duplicate():
     assert fused[bcast]  # a broadcast is duplicated into both
 
 
+def test_a_copied_op_is_fused_into_several_fusions_whatever_its_bytes():
+    # an op the compiled program showed computed inside each fusion reading it
+    # takes no memory of its own; read by a dot, it is stored all the same
+    b = GraphBuilder()
+    x = b.add_input(100)
+    (e,) = b.add_op("exp", [x], [100], fusion="loop", transcendentals=25)
+    (u,) = b.add_op("u", [e], [4], fusion="reduce")
+    (w,) = b.add_op("w", [e], [4], fusion="reduce")
+    (f,) = b.add_op("exp", [x], [100], fusion="loop")
+    (d,) = b.add_op("dot", [f], [4])
+    g = b.build(outputs=[u, w, d])
+    copied = g.with_copied([0, 3])
+    assert [op.fusion for op in copied.ops] == [
+        "copied", "reduce", "reduce", "copied", "none"]
+    assert not fused_values(g)[e] and fused_values(copied)[e]
+    assert not fused_values(copied)[f]
+    order = (0, 1, 2, 3, 4)
+    assert simulate(g, order).defined_bytes[0] == 100      # e, stored
+    assert simulate(copied, order).defined_bytes[0] == 0
+    assert g.with_copied([1, 2, 4]) is g     # only elementwise ops are copied
+
+
 def test_multi_use_value_inside_one_fusion_is_fused():
     b = GraphBuilder()
     x = b.add_input(100)

@@ -34,9 +34,18 @@ def _xent(logits, y):
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
 
-def _sharpness_aware(ps, x, y):
+def _checkpointed_mlp(ps, x):
+    # each layer under remat.checkpoint, as a user would segment it by hand
+    for i, p in enumerate(ps):
+        last = i == len(ps) - 1
+        x = remat.checkpoint(lambda x, p, last=last: _mlp([p], x) if last
+                             else jax.nn.gelu(x @ p["w"] + p["b"]))(x, p)
+    return x
+
+
+def _sharpness_aware(ps, x, y, mlp=_mlp):
     # SAM: a gradient, then the gradient at the weights it moved
-    loss = lambda p: _xent(_mlp(p, x), y)
+    loss = lambda p: _xent(mlp(p, x), y)
     g = jax.grad(loss)(ps)
     norm = optax.tree.norm(g)
     moved = jax.tree.map(lambda w, d: w + 0.05 * d / norm, ps, g)
@@ -112,4 +121,27 @@ def test_a_users_step_is_met_or_refused_with_a_least_that_is_met(name):
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
         assert a.dtype == b.dtype
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=1e-6)
+
+
+def test_sharpness_aware_meets_a_limit_halfway_to_its_hand_segmentation():
+    # XLA computes each layer's bias add again inside every backward fusion that
+    # reads it; the model, once it reads that back from the plain compile, plans
+    # drops XLA follows (before, every plan dropped only what XLA never held,
+    # and the least reached was a few percent under the plain step)
+    rng = np.random.default_rng(1)
+    args = (_params(2), jnp.asarray(rng.normal(size=(BATCH, WIDTHS[0])), jnp.float32),
+            jnp.asarray(rng.integers(0, WIDTHS[-1], BATCH)))
+
+    def footprint(step):
+        m = jax.jit(step).lower(*args).compile().memory_analysis()
+        return (m.argument_size_in_bytes + m.output_size_in_bytes
+                + m.temp_size_in_bytes - m.alias_size_in_bytes)
+    plain = footprint(_sharpness_aware)
+    hand = footprint(lambda *a: _sharpness_aware(*a, mlp=_checkpointed_mlp))
+    assert hand < 0.8 * plain
+    plan = remat.plan(_sharpness_aware, *args, memory_limit=(plain + hand) // 2)
+    assert plan.met
+    want = jax.jit(_sharpness_aware)(*args)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(plan.compiled(*args))):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=1e-6)
