@@ -8,9 +8,9 @@ plain program lower with its backward convolutions reading their saved operands
 late (``pins.py``), every plan reads late too. The frontier of each
 program and setting lives for the process (:func:`planner_for`), so asking
 ``remat.plan`` for 0.5 and then 0.6 of the same program reuses every compile.
-The plain program is compiled with its equations named (:mod:`remat._jax.xla_fusion`),
-and the first order is planned on again where the ops whose results XLA never
-stored (computed again inside each fusion reading them) hold no bytes.
+The plain program is compiled with its equations named (:mod:`remat._jax.xla_fusion`):
+for a limit no plan meets, the first order is planned on again where the ops whose
+results XLA never stored (computed again in each fusion reading them) hold no bytes.
 Measuring compiles run on worker threads (:mod:`remat._jax.measuring`): the
 plain program's while the orders are simulated, and on CPU beside it the first
 column's start for the limit asked (its rung found by the model's figure of the
