@@ -84,8 +84,8 @@ class Planner:
         plain program's, or its reading late).
       frontier: the search's points (:class:`remat.core.search.Frontier`).
       fused: the frontier of the first order as XLA fused the plain program,
-        asked where ``frontier`` refuses (None until then, and where XLA fused
-        as guessed).
+        asked where ``frontier`` refuses having tried every rung (None until
+        then, and where XLA fused as guessed).
       orders: the orders planned on, each with its simulation and what the
         plans on it share (a :class:`~remat.core.scheduled.Scheduled`).
       plan_seconds, compile_seconds: time spent planning and rewriting, and in
@@ -232,9 +232,9 @@ class Planner:
         """The frontier of the first order on the graph as XLA fused the plain
         program (:func:`~remat._jax.xla_fusion.as_xla_fused`), made when first
         asked for; None where that fuses as guessed. Asked only for limits the
-        first frontier refuses (fusing in the model what XLA fused in the plain
-        program, its plans may misjudge what XLA fuses in them); its answers
-        join the first frontier."""
+        first frontier refuses with every rung at or below them compiled
+        (fusing in the model what XLA fused in the plain program, its plans may
+        misjudge what XLA fuses in them); its answers join the first frontier."""
         if self._fused_from is None:
             return self.fused
         start = time.perf_counter()
@@ -306,7 +306,8 @@ class Planner:
         try:
             while True:
                 point = self.frontier.answer(limit)
-                if point is None and self._fused_frontier() is not None:
+                if (point is None and not self.frontier.out_of_compiles
+                        and self._fused_frontier() is not None):
                     point = self.fused.answer(limit)
                     if point is not None:       # (the cheapest known, from now on)
                         self.frontier.update(point)
