@@ -31,7 +31,6 @@ planner marks their elementwise ops ``"copied"``
 from __future__ import annotations
 
 import re
-
 from typing import Any
 
 from remat._jax.compat import core
