@@ -34,9 +34,9 @@ import jax
 
 from bench import models
 from bench.output import result_file
-from remat._jax.compat import core
 from remat._jax.planner import Planner
 from remat._jax.program import CallSpec, trace_program
+from remat._jax.xla_fusion import tag_equations
 from remat.core.options import resolve_options
 
 #: The U-Net's targets above its floor, as a fraction of its temporaries apart.
@@ -185,20 +185,10 @@ def model_held_at_peak(result) -> dict[tuple[str, int], list[int]]:
     return held
 
 
-def by_equation(closed):
-    """``closed`` (a ``ClosedJaxpr``) with each equation's name stack ending in
-    ``remat_eqnN``, N its index: XLA's ``op_name`` of each instruction then names
-    the equation, so the planning graph's op, it comes from."""
-    eqns = [e.replace(source_info=e.source_info.replace(
-        name_stack=e.source_info.name_stack.extend(f"remat_eqn{i}")))
-        for i, e in enumerate(closed.jaxpr.eqns)]
-    return core.ClosedJaxpr(closed.jaxpr.replace(eqns=eqns), closed.consts)
-
-
 def grounded_rows(name: str, texts: tuple[str, str, str], graph, timeline,
                   top: int = 4) -> list[str]:
     """Table rows: the graph values XLA's temp heap holds where it holds most
-    (``texts``: :func:`dumped` of :func:`by_equation`'s program), beside those
+    (``texts``: :func:`dumped` of the program ``tag_equations`` tagged), beside those
     the model holds (inputs and outputs aside) at the op XLA runs there: held by
     both, by XLA only, by the model only (the ``top`` largest kinds of each).
     A buffer whose equation has no output of its size (a fusion's other output),
@@ -378,7 +368,7 @@ def main() -> None:
             print("\n".join(lines[-3:]), flush=True)
         # the program as written, each buffer mapped back to its graph value
         program = planner.program
-        texts = dumped(program.lower(by_equation(program.flat)))
+        texts = dumped(program.lower(tag_equations(program.flat)))
         grounded += grounded_rows(name, texts, program.graph, planner.orders[0].timeline)
         print(grounded[-1], flush=True)
     result_file("heap_peak").write_text(

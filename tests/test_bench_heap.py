@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from bench import bench_heap
+from remat._jax.xla_fusion import tag_equations
 
 
 #: A chain of four tanh layers, batch 256, width 128: each activation is 128 KiB.
@@ -51,7 +52,7 @@ def test_buffers_at_xlas_peak_map_back_to_the_values_of_the_graph():
     model = types.SimpleNamespace(params=W, batch=X, loss_fn=_chain)
     planner, _ = bench_heap._planner(model, "path", 0.5)
     program = planner.program
-    texts = bench_heap.dumped(program.lower(bench_heap.by_equation(program.flat)))
+    texts = bench_heap.dumped(program.lower(tag_equations(program.flat)))
     assert "remat_eqn0" in texts[2]
     [row] = bench_heap.grounded_rows("chain", texts, program.graph,
                                      planner.orders[0].timeline)
