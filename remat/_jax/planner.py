@@ -282,10 +282,17 @@ class Planner:
         return self.frontier.compiles + fused + self._other_compiles
 
     def lowest(self) -> Point | None:
-        """The point of the least footprint known (of either frontier)."""
-        points = [f.lowest() for f in (self.frontier, self.fused) if f is not None]
-        return min((p for p in points if p is not None),
-                   key=lambda p: (p.footprint, p.extra_flops), default=None)
+        """The point of the least footprint known (of either frontier), compiled
+        to run: a limit at its footprint is met (a measuring compile may read a
+        plan a few bytes apart from the compile that runs it)."""
+        while True:
+            points = [f.lowest() for f in (self.frontier, self.fused) if f is not None]
+            point = min((p for p in points if p is not None),
+                        key=lambda p: (p.footprint, p.extra_flops), default=None)
+            if point is None or point.payload.final:
+                return point
+            self._measuring.drop()
+            self._compiled_to_run(point)
 
     def algorithms(self) -> tuple[str, ...]:
         """The algorithms planned with: the one chosen, or the default's."""

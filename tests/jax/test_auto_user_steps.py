@@ -145,3 +145,37 @@ def test_sharpness_aware_meets_a_limit_halfway_to_its_hand_segmentation():
     want = jax.jit(_sharpness_aware)(*args)
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(plan.compiled(*args))):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=1e-6)
+
+
+def _args():
+    rng = np.random.default_rng(1)
+    return (_params(2), jnp.asarray(rng.normal(size=(BATCH, WIDTHS[0])), jnp.float32),
+            jnp.asarray(rng.integers(0, WIDTHS[-1], BATCH)))
+
+
+def test_a_branch_with_an_effect_runs_once_per_step():
+    # a conditional whose branch calls back into Python is never run twice; where
+    # nothing else can be, the least footprint a refusal names is met when asked
+    calls = []
+    record = lambda v: calls.append(float(v))
+
+    def step(ps, x, y):
+        def loss(p):
+            h = x
+            for q in p[:-1]:
+                z = h @ q["w"] + q["b"]
+                h = jax.lax.cond(jnp.mean(z) > 0, lambda z: (
+                    jax.debug.callback(record, z[0, 0]), jnp.tanh(z))[1], jax.nn.relu, z)
+            return _xent(h @ p[-1]["w"] + p[-1]["b"], y)
+        return jax.value_and_grad(loss)(ps)
+
+    args = _args()
+    jax.block_until_ready(jax.jit(step)(*args))
+    once, calls[:] = len(calls), []
+    try:
+        plan = remat.plan(step, *args, memory_limit=0.5)
+    except remat.MemoryLimitError as refused:
+        plan = remat.plan(step, *args, memory_limit=refused.least_bytes)
+    calls.clear()
+    jax.block_until_ready(plan.compiled(*args))
+    assert once > 0 and len(calls) == once
