@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..core.algorithms.recomputable import NOT_RECOMPUTABLE
 from .compat_graph import JaxprEqn
 
 __all__ = ["fusion_kind", "primitive_cost", "elements", "is_half_float",
-           "is_half_precision_matmul", "communicates", "COLLECTIVES",
+           "is_half_precision_matmul", "communicates", "repeatable", "COLLECTIVES",
            "SHARDING_ANNOTATIONS",
            "COMMUNICATION_FLOPS_PER_BYTE"]
 
@@ -115,13 +116,27 @@ def communicates(eqn: JaxprEqn, partitioned: bool = True) -> bool:
     name = eqn.primitive.name
     if name in COLLECTIVES or (partitioned and name in SHARDING_ANNOTATIONS):
         return True
+    return any(communicates(e, partitioned) for e in _inner_equations(eqn))
+
+
+def repeatable(eqn: JaxprEqn) -> bool:
+    """Whether a second run of ``eqn`` gives the same results and repeats no
+    effect, as far as its bodies go (``Op.repeatable``): it has no effects, and
+    no equation of its bodies is one the planner never runs twice
+    (:data:`~remat.core.algorithms.recomputable.NOT_RECOMPUTABLE`) or holds
+    one. Its own primitive is the planner's to judge."""
+    return not eqn.effects and all(
+        e.primitive.name not in NOT_RECOMPUTABLE and repeatable(e)
+        for e in _inner_equations(eqn))
+
+
+def _inner_equations(eqn: JaxprEqn):
+    """The equations of ``eqn``'s bodies (branches, loop bodies, called jaxprs)."""
     for param in eqn.params.values():
         for body in (param if isinstance(param, (tuple, list)) else (param,)):
             inner = getattr(body, "jaxpr", body)
-            if hasattr(inner, "eqns") and any(communicates(e, partitioned)
-                                              for e in inner.eqns):
-                return True
-    return False
+            if hasattr(inner, "eqns"):
+                yield from inner.eqns
 
 
 def fusion_kind(name: str) -> str:

@@ -45,8 +45,8 @@ from ..core.schedulers import best_schedule
 from ..core.simulate import simulate
 from .compat_graph import (ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var,
                            open_jaxpr_and_consts, source_line)
-from .op_model import (COMMUNICATION_FLOPS_PER_BYTE, communicates, elements, fusion_kind, is_half_float,
-                       is_half_precision_matmul, primitive_cost)
+from .op_model import (COMMUNICATION_FLOPS_PER_BYTE, communicates, elements, fusion_kind,
+                       is_half_float, is_half_precision_matmul, primitive_cost, repeatable)
 
 __all__ = ["jaxpr_to_graph"]
 
@@ -104,6 +104,7 @@ class _PendingOp(NamedTuple):
     fusion: str
     working_set_bytes: int
     effectful: bool
+    repeatable: bool = True
 
 
 class _Flattener:
@@ -179,7 +180,8 @@ class _Flattener:
                 fusion = _shard_map_fusion(eqn) if name == "shard_map" else fusion_kind(name)
                 self.ops.append(_PendingOp(name, [i for i in ins if i is not None], outs,
                                            flops, transcendentals, source, fusion,
-                                           working_set, bool(eqn.effects)))
+                                           working_set, bool(eqn.effects),
+                                           repeatable(eqn)))
             for var, v in zip(eqn.outvars, outs):
                 env[var] = v
         return [read(a) for a in jaxpr.outvars]
@@ -281,7 +283,8 @@ class _Flattener:
                                   output_shapes=[self.value_shapes[v] for v in op.outputs],
                                   flops=op.flops, transcendentals=op.transcendentals,
                                   source=op.source, fusion=op.fusion,
-                                  working_set_bytes=op.working_set_bytes)
+                                  working_set_bytes=op.working_set_bytes,
+                                  repeatable=op.repeatable)
             for v, m in zip(op.outputs, made):
                 new_id[v] = m
         return builder.build([new_id[v] for v in outputs])

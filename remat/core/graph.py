@@ -82,6 +82,10 @@ class Op(NamedTuple):
         (reductions); ``"none"`` for the rest (dots, convolutions, loops ...).
       working_set_bytes: scratch memory the op needs while it runs, beyond its inputs
         and outputs (the body of a loop or a conditional).
+      repeatable: whether a second run gives the same results and repeats no
+        effect, as far as what it holds inside goes (False for a conditional
+        whose branch prints); its label alone may still rule a second run out
+        (:mod:`remat.core.algorithms.recomputable`).
     """
 
     label: str
@@ -92,6 +96,7 @@ class Op(NamedTuple):
     source: str = ""
     fusion: str = "none"
     working_set_bytes: int = 0
+    repeatable: bool = True
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -350,7 +355,7 @@ class GraphBuilder:
     def add_op(self, label: str, inputs: Sequence[int], output_nbytes: Sequence[int], *,
                output_shapes: Sequence[str] | None = None, flops: float = 0.0,
                transcendentals: float = 0.0, source: str = "", fusion: str = "none",
-               working_set_bytes: int = 0) -> tuple[int, ...]:
+               working_set_bytes: int = 0, repeatable: bool = True) -> tuple[int, ...]:
         """Adds an op reading ``inputs``; returns the ids of its new output values."""
         op_id = len(self._ops)
         for v in inputs:
@@ -360,7 +365,7 @@ class GraphBuilder:
         shapes = output_shapes if output_shapes is not None else [""] * len(output_nbytes)
         outs = tuple(self._new_value(n, op_id, s, "") for n, s in zip(output_nbytes, shapes))
         self._ops.append(Op(label, tuple(inputs), outs, float(flops), float(transcendentals),
-                            source, fusion, int(working_set_bytes)))
+                            source, fusion, int(working_set_bytes), repeatable))
         return outs
 
     def build(self, outputs: Sequence[int]) -> Graph:

@@ -223,7 +223,7 @@ def apply_plan(scheduled: Scheduled, regions: Sequence[Region]) -> Rewritten:
                 value_origin.append(old)
                 rename[old] = new
             ops.append(Op(op.label, ins, outs, op.flops, op.transcendentals, op.source,
-                          op.fusion, op.working_set_bytes))
+                          op.fusion, op.working_set_bytes, op.repeatable))
             origin.append(o)
             is_copy.append(True)
             region_of.append(k)

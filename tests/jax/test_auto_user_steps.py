@@ -1,8 +1,9 @@
 """remat.jit on training steps as users write them, beyond one value_and_grad:
 two gradients in one step, per-example gradients, a custom VJP, accumulation in
-a fori_loop, a stop-gradient target, auxiliary integer outputs. Each step meets
-75% of its temporaries or the least footprint its refusal names, with XLA's
-footprint within the limit and results equal to jax.jit's."""
+a fori_loop, a stop-gradient target, auxiliary integer outputs, layers that
+branch (lax.cond). Each step meets 75% of its temporaries or the least footprint
+its refusal names, with XLA's footprint within the limit and results equal to
+jax.jit's."""
 
 import jax
 import jax.numpy as jnp
@@ -97,9 +98,36 @@ def _with_metrics(ps, x, y):
     return jax.value_and_grad(loss, has_aux=True)(ps)
 
 
+def _conditional(ps, x, y, wrap=lambda layer: layer):
+    # each hidden layer's activation picked by a data-dependent branch
+    def layer(h, p):
+        z = h @ p["w"] + p["b"]
+        return jax.lax.cond(jnp.mean(z) > 0, jnp.tanh, jax.nn.relu, z)
+
+    def loss(p):
+        h = x
+        for q in p[:-1]:
+            h = wrap(layer)(h, q)
+        return _xent(h @ p[-1]["w"] + p[-1]["b"], y)
+    return jax.value_and_grad(loss)(ps)
+
+
 STEPS = dict(sharpness_aware=_sharpness_aware, per_example_clipped=_per_example_clipped,
              custom_vjp=_custom_vjp, accumulated=_accumulated,
-             target_network=_target_network, with_metrics=_with_metrics)
+             target_network=_target_network, with_metrics=_with_metrics,
+             conditional=_conditional)
+
+
+def _args():
+    rng = np.random.default_rng(1)
+    return (_params(2), jnp.asarray(rng.normal(size=(BATCH, WIDTHS[0])), jnp.float32),
+            jnp.asarray(rng.integers(0, WIDTHS[-1], BATCH)))
+
+
+def _footprint(step, args):
+    m = jax.jit(step).lower(*args).compile().memory_analysis()
+    return (m.argument_size_in_bytes + m.output_size_in_bytes
+            + m.temp_size_in_bytes - m.alias_size_in_bytes)
 
 
 @pytest.mark.parametrize("name", STEPS)
@@ -107,9 +135,7 @@ def test_a_users_step_is_met_or_refused_with_a_least_that_is_met(name):
     # at 75% of its temporaries, or where refused there, at the least footprint
     # the refusal names (its promise: "a limit of N bytes or more is met")
     step = STEPS[name]
-    rng = np.random.default_rng(1)
-    args = (_params(2), jnp.asarray(rng.normal(size=(BATCH, WIDTHS[0])), jnp.float32),
-            jnp.asarray(rng.integers(0, WIDTHS[-1], BATCH)))
+    args = _args()
     want = jax.jit(step)(*args)
     try:
         plan = remat.plan(step, *args, memory_limit=0.75)
@@ -129,16 +155,9 @@ def test_sharpness_aware_meets_a_limit_halfway_to_its_hand_segmentation():
     # reads it; the model, once it reads that back from the plain compile, plans
     # drops XLA follows (before, every plan dropped only what XLA never held,
     # and the least reached was a few percent under the plain step)
-    rng = np.random.default_rng(1)
-    args = (_params(2), jnp.asarray(rng.normal(size=(BATCH, WIDTHS[0])), jnp.float32),
-            jnp.asarray(rng.integers(0, WIDTHS[-1], BATCH)))
-
-    def footprint(step):
-        m = jax.jit(step).lower(*args).compile().memory_analysis()
-        return (m.argument_size_in_bytes + m.output_size_in_bytes
-                + m.temp_size_in_bytes - m.alias_size_in_bytes)
-    plain = footprint(_sharpness_aware)
-    hand = footprint(lambda *a: _sharpness_aware(*a, mlp=_checkpointed_mlp))
+    args = _args()
+    plain = _footprint(_sharpness_aware, args)
+    hand = _footprint(lambda *a: _sharpness_aware(*a, mlp=_checkpointed_mlp), args)
     assert hand < 0.8 * plain
     plan = remat.plan(_sharpness_aware, *args, memory_limit=(plain + hand) // 2)
     assert plan.met
@@ -147,10 +166,17 @@ def test_sharpness_aware_meets_a_limit_halfway_to_its_hand_segmentation():
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=1e-6)
 
 
-def _args():
-    rng = np.random.default_rng(1)
-    return (_params(2), jnp.asarray(rng.normal(size=(BATCH, WIDTHS[0])), jnp.float32),
-            jnp.asarray(rng.integers(0, WIDTHS[-1], BATCH)))
+def test_branching_layers_meet_their_hand_checkpoints_footprint():
+    # the branch (a conditional) is what each layer keeps for the backward; the
+    # pass runs it again, as a checkpoint around each layer does by hand
+    args = _args()
+    hand = _footprint(lambda *a: _conditional(*a, wrap=remat.checkpoint), args)
+    assert hand < 0.8 * _footprint(_conditional, args)
+    plan = remat.plan(_conditional, *args, memory_limit=hand)
+    assert plan.met and plan.extra_flops > 0
+    want = jax.jit(_conditional)(*args)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(plan.compiled(*args))):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=1e-6)
 
 
 def test_a_branch_with_an_effect_runs_once_per_step():

@@ -77,6 +77,26 @@ def test_control_flow_stays_one_op_with_a_working_set_and_cost():
     assert by_label["cond"].transcendentals == 8 * 32  # the costlier branch
 
 
+def test_a_conditional_is_repeatable_unless_a_branch_has_effects_or_draws():
+    # a conditional may run twice where its branches may; a print, a ref write or
+    # a draw from XLA's generator in a branch rules it out (the core never
+    # recomputes an op that is not repeatable)
+    from remat.core.algorithms.recomputable import recomputable
+
+    def prog(x, key):
+        pure = lax.cond(x[0] > 0, jnp.tanh, jnp.sin, x)
+        printed = lax.cond(x[1] > 0, lambda v: v + 1,
+                           lambda v: (jax.debug.print("{}", v[0]), v * 2)[1], x)
+        drawn = lax.cond(x[2] > 0, lambda v: v + lax.rng_bit_generator(key, v.shape)[1]
+                         .astype(v.dtype), lambda v: v, x)
+        return pure + printed + drawn
+
+    g = jaxpr_to_graph(jax.make_jaxpr(prog)(jnp.ones(8), jnp.zeros(4, jnp.uint32)))
+    conds = [k for k, op in enumerate(g.ops) if op.label == "cond"]
+    assert [g.ops[k].repeatable for k in conds] == [True, False, False]
+    assert [recomputable(g, k) for k in conds] == [True, False, False]
+
+
 def test_literals_are_not_values_and_constants_become_inputs():
     table = np.arange(6, dtype=np.float32)
 

@@ -1,15 +1,18 @@
-"""Which ops may run twice: everything but effects and non-deterministic ops, and
-the producers of a max-pool backward's operand."""
+"""Which ops may run twice: everything but effects, non-deterministic ops and loops,
+and the producers of a max-pool backward's operand."""
 
 from __future__ import annotations
 
 from ..graph import Graph
 
-#: Ops whose second run could differ from the first or repeat an effect.
+#: Ops whose second run could differ from the first or repeat an effect, and
+#: loops: a ``scan``'s body is planned as a loop of its own (``loop_plan``), and
+#: a ``while``'s trip count is unknown, so what a second run costs is too. A
+#: conditional may run twice where what it holds may (``Op.repeatable``).
 NOT_RECOMPUTABLE = frozenset({
     "rng_uniform", "rng_bit_generator", "random_seed", "io_callback",
     "debug_callback", "debug_print", "pure_callback", "infeed", "outfeed",
-    "send", "recv", "while", "scan", "cond", "get", "swap", "addupdate",
+    "send", "recv", "while", "scan", "get", "swap", "addupdate",
     "new_ref", "freeze", "all_reduce", "psum", "all_gather", "all_to_all",
     "ppermute", "reduce_scatter", "psum_scatter",
 })
@@ -39,9 +42,12 @@ def recomputable(graph: Graph, op_id: int) -> bool:
     >>> graph = b.build(outputs=[g])
     >>> [recomputable(graph, o) for o in range(4)]   # max's result is kept
     [False, True, True, True]
+    >>> (c,) = b.add_op("cond", [x], [64], repeatable=False)   # (a branch prints)
+    >>> recomputable(b.build(outputs=[c]), 4)
+    False
     """
     op = graph.ops[op_id]
-    if op.label in NOT_RECOMPUTABLE:
+    if op.label in NOT_RECOMPUTABLE or not op.repeatable:
         return False
     users, ops = graph.users, graph.ops
     return not any(ops[u].inputs[k] == v for v in op.outputs for u in users[v]
