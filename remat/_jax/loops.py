@@ -165,19 +165,12 @@ def loop_body(jaxpr: core.Jaxpr, pair: LoopPair) -> BodyMap:
         ids.update(zip(e.outvars, outs))
         if e.effects:
             pinned.add(i)
-    residual_of = {}
-    other_outputs = set()
-    for p, v in enumerate(body.outvars):
-        if not isinstance(v, core.Var):
-            continue
-        if p in pair.positions:
-            residual_of[p] = ids[v]
-        elif p >= ncarry:
-            other_outputs.add(ids[v])
-    # A value the forward scan also stacks elsewhere stays stacked there: not a
-    # residual of this pair. (A carry out is not stacked: a residual that is also
-    # the next carry may be dropped and rebuilt.)
-    residual_of = {p: r for p, r in residual_of.items() if r not in other_outputs}
+    # A residual may be rebuilt though the forward scan also returns it (the next
+    # carry, or a stack of its own outputs): the backward scan then no longer
+    # reads it, and that stack can go once its own readers have run, which in a
+    # gradient are mostly in the forward pass (an RNN's states, read by the loss).
+    residual_of = {p: ids[v] for p, v in enumerate(body.outvars)
+                   if p in pair.positions and isinstance(v, core.Var)}
     graph: Graph = b.build([ids[v] for v in body.outvars if isinstance(v, core.Var)])
     residuals = tuple(dict.fromkeys(residual_of.values()))
     carries = tuple(ids[v] for v in body.invars[nc:nc + ncarry])

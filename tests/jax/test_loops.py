@@ -140,6 +140,36 @@ def test_a_residual_that_is_the_next_carry_may_be_rebuilt():
     assert plan.met
 
 
+def test_a_residual_the_loop_also_returns_may_be_rebuilt():
+    """An RNN returning its states stacks each state twice: as the loop's output
+    (read by the loss, in the forward pass) and as the residual of ``tanh``.
+    Rebuilt from the carry in, the residual leaves the backward loop, and the
+    states' stack goes once the loss has read it: the pass reaches what
+    checkpointing the cell by hand does, with gradients equal to the plain ones."""
+    def loss(wrap):
+        def body(c, w):
+            c = wrap(lambda c, w: jnp.tanh(c @ w))(c, w)
+            return c, c
+        return jax.value_and_grad(
+            lambda ws, x: jnp.mean(jax.lax.scan(body, x, ws)[1] ** 2))
+
+    ws, x = _mlp_inputs(10)
+    flat = inline_calls(jax.make_jaxpr(loss(lambda f: f))(ws, x))
+    (pair,) = find_loops(flat.jaxpr)
+    fwd = flat.jaxpr.eqns[pair.forward]
+    states = fwd.params["jaxpr"].jaxpr.outvars[fwd.params["num_carry"]]
+    bmap = loop_body(flat.jaxpr, pair)
+    assert any(bmap.vars[r] is states for r in bmap.body.residuals)
+    plain = _footprint(jax.jit(loss(lambda f: f)).lower(ws, x).compile())
+    by_hand = _footprint(jax.jit(loss(remat.checkpoint)).lower(ws, x).compile())
+    assert by_hand < plain
+    plan = remat.plan(loss(lambda f: f), ws, x, memory_limit=by_hand)
+    assert plan.met
+    want = jax.jit(loss(lambda f: f))(ws, x)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(plan.compiled(ws, x))):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+
+
 def test_every_choice_gives_the_plain_gradient():
     ws, x = _mlp_inputs(5)
     flat = inline_calls(jax.make_jaxpr(jax.grad(_mlp_loss, argnums=(0, 1)))(ws, x))
