@@ -144,11 +144,11 @@ def _folded(eqn: core.JaxprEqn, invars: list) -> list | None:
         return None
     try:
         out = eqn.primitive.bind(*(np.asarray(v.val) for v in invars), **eqn.params)
-    except Exception:       # (nothing to fold it with: left to the compiler)
-        return None
-    out = out if eqn.primitive.multiple_results else [out]
-    return [core.Literal(np.asarray(o).astype(v.aval.dtype), v.aval)
-            for o, v in zip(out, eqn.outvars)]
+        out = out if eqn.primitive.multiple_results else [out]
+        return [core.Literal(np.asarray(o).astype(v.aval.dtype), v.aval)
+                for o, v in zip(out, eqn.outvars)]
+    except Exception:       # (nothing to fold it with, or a result no NumPy array
+        return None         # holds, such as a PRNG key: left to the compiler)
 
 
 def _has_body(eqn: core.JaxprEqn) -> bool:

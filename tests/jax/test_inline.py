@@ -102,6 +102,24 @@ def test_a_switch_on_a_constant_index_is_its_branch_and_loops_are_not_run():
     np.testing.assert_allclose(core.jaxpr_as_fun(flat)(2.0)[0], step(2.0))
 
 
+def test_a_key_made_from_a_constant_is_left_to_the_compiler():
+    # jax.random.key(0) inside the step (Flax's initialize_carry makes one) is an
+    # equation of literals whose result no NumPy array holds: not folded
+    def step(ws, x):
+        noise = jax.random.normal(jax.random.key(0), x.shape)
+        return jax.grad(lambda ws: jnp.sum(_layers(ws, x + noise) ** 2))(ws)
+    ws, x = _args()
+    x = jnp.tile(x, (256, 8))
+    ws = [jnp.tile(w, (8, 8)) / 8 for w in ws]
+    flat = inline_calls(jax.make_jaxpr(step)(ws, x))
+    for a, b in zip(core.jaxpr_as_fun(flat)(*ws, x), step(ws, x)):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+    plan = remat.plan(step, ws, x, memory_limit=0.9)
+    assert plan.extra_flops > 0
+    for a, b in zip(plan.compiled(ws, x), jax.jit(step)(ws, x)):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
 def test_optax_multisteps_update_has_no_conditional_left():
     # Its skip test is a constant False: the update is one branch, planned through.
     optax = pytest.importorskip("optax")
