@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 from remat._jax.compat import core
 from remat._jax.compat_graph import source_line
-from remat._jax.op_model import primitive_cost, repeatable
+from remat._jax.op_model import primitive_cost
 from remat.core.graph import Graph, GraphBuilder
 from remat.core.loops import LoopBody, LoopChoice
 
@@ -160,8 +160,7 @@ def loop_body(jaxpr: core.Jaxpr, pair: LoopPair) -> BodyMap:
         ins = [ids[v] for v in e.invars if isinstance(v, core.Var)]
         outs = b.add_op(e.primitive.name, ins, [_nbytes(v.aval) for v in e.outvars],
                         output_shapes=[v.aval.str_short() for v in e.outvars],
-                        flops=_eqn_flops(e), source=source_line(e),
-                        repeatable=repeatable(e))
+                        flops=_eqn_flops(e), source=source_line(e))
         ids.update(zip(e.outvars, outs))
         if e.effects:
             pinned.add(i)
