@@ -27,7 +27,7 @@ from remat._jax.loop_body import plan_inside_loops
 from remat._jax.loop_plan import plan_with_loops
 from remat._jax.plan_record import MemoryLimitError, Plan, _CompiledCall
 from remat._jax.planner import Planner, planner_for
-from remat._jax.program import CallSpec, CallSplit, Program, trace_program
+from remat._jax.program import CallSpec, CallSplit, OutputTree, Program, trace_program
 from remat.core.memlog import format_bytes
 from remat.core.options import PORTFOLIO, RematOptions, resolve_options
 
@@ -69,7 +69,8 @@ def _plan_traced(program: Program, options: RematOptions, spec: CallSpec) -> Pla
     m = point.payload
     plan = Plan(limit, planner.baseline, m.footprint, m.result, program.graph, m.jaxpr,
                 planner.plan_seconds - seconds, program.out_tree,
-                _CompiledCall(m.compiled, spec), m.small_node_bytes, point.column,
+                _CompiledCall(m.compiled, spec, program.out_tree), m.small_node_bytes,
+                point.column,
                 planner.compile_seconds - compiling, planner.compiles - compiles,
                 # what its result does not show: the program as written's own regions
                 point.extra_flops - m.result.extra_flops)
@@ -182,15 +183,16 @@ class RematJitted:
         plan, split = self._entry(args, kwargs)
         placed = ({"in_shardings": split.shardings}
                   if any(s is not None for s in split.shardings) else {})
-        lowered = jax.jit(lambda *xs: jax.tree_util.tree_unflatten(
-            plan.out_tree, core.jaxpr_as_fun(plan.jaxpr)(*xs)),
+        lowered = jax.jit(lambda *xs: plan.out_tree.placeholder(
+            core.jaxpr_as_fun(plan.jaxpr)(*xs)),
             donate_argnums=split.donated, **placed,
             **self._jit_kwargs).lower(*split.dynamic)
-        return Lowered(lowered, split.key, lambda a, k: CallSplit.of(a, k, self._spec))
+        return Lowered(lowered, split.key, lambda a, k: CallSplit.of(a, k, self._spec),
+                       plan.out_tree)
 
     def __call__(self, *args, **kwargs):
         plan, split = self._entry(args, kwargs)
-        return plan.compiled._compiled(*split.dynamic)
+        return plan.out_tree.restore(plan.compiled._compiled(*split.dynamic))
 
     def __get__(self, obj, objtype=None):
         """As a method, the object comes first (``static_argnums=0`` for an
@@ -218,8 +220,8 @@ class _Staged:
     """A stage of ``jax.jit``'s ahead-of-time API (its methods are there), with
     the call key it was made for and the call split that takes ``f``'s arguments."""
 
-    def __init__(self, of, key, split: Callable):
-        self._of, self._key, self._split = of, key, split
+    def __init__(self, of, key, split: Callable, out_tree: OutputTree):
+        self._of, self._key, self._split, self._out = of, key, split, out_tree
 
     def __getattr__(self, name):
         return getattr(self._of, name)
@@ -231,7 +233,8 @@ class Lowered(_Staged):
     ``f``'s own arguments."""
 
     def compile(self, *args, **kwargs) -> "Compiled":
-        return Compiled(self._of.compile(*args, **kwargs), self._key, self._split)
+        return Compiled(self._of.compile(*args, **kwargs), self._key, self._split,
+                        self._out)
 
 
 class Compiled(_Staged):
@@ -245,7 +248,7 @@ class Compiled(_Staged):
                             "arguments of other shapes, types or static values; "
                             "lower it again for these (or call the remat.jit "
                             "function, which plans each signature once).")
-        return self._of(*split.dynamic)
+        return self._out.restore(self._of(*split.dynamic))
 
 
 def jit(fun: Callable, *, memory_limit: Any = _UNSET, algorithm: str = _UNSET,
@@ -259,7 +262,8 @@ def jit(fun: Callable, *, memory_limit: Any = _UNSET, algorithm: str = _UNSET,
         ``jax.jit`` traces them: a Flax ``TrainState``'s ``step=0``), except
         numbers inside an Equinox module (a dropout rate), which are static, as
         ``equinox.filter_jit`` keeps them; every other leaf (a function, a
-        string) is static.
+        string) is static. Its results likewise: a returned model's functions
+        and rates come back as they were when traced.
       memory_limit: the footprint XLA may use (arguments + outputs + temporaries -
         aliased bytes, as ``compile().memory_analysis()`` reports): an int > 0
         (bytes), a string (``"512MiB"``, ``"2GiB"``), or a float in (0, 1]: the

@@ -52,7 +52,8 @@ class BodyProgram(Program):
         specs = tuple(jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
                       for v in body.jaxpr.invars)
         unplaced = (None,) * len(specs)     # sized whole: see the module docstring
-        return cls(body, _graph_of(body, specs, unplaced), None, specs, (),
+        # (compiled, a plan of the body is the whole program: the outer's results)
+        return cls(body, _graph_of(body, specs, unplaced), outer.out_tree, specs, (),
                    outer.jit_kwargs, (outer.key, "loop body", index), unplaced, None,
                    outer, index)
 

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from remat._jax.compat import core
-from remat._jax.program import CallSpec, CallSplit
+from remat._jax.program import CallSpec, CallSplit, OutputTree
 from remat._jax.xla_figures import XlaFootprint
 from remat.core.algorithms import PlanResult
 from remat.core.dot import to_dot
@@ -40,11 +40,12 @@ class _CompiledCall:
     arguments are left out before the call); XLA's ``Compiled`` methods
     (``cost_analysis``, ``memory_analysis``, ``as_text``) are its own."""
 
-    def __init__(self, compiled, spec: CallSpec):
-        self._compiled, self._spec = compiled, spec
+    def __init__(self, compiled, spec: CallSpec, out_tree: OutputTree):
+        self._compiled, self._spec, self._out = compiled, spec, out_tree
 
     def __call__(self, *args, **kwargs):
-        return self._compiled(*CallSplit.of(args, kwargs, self._spec).dynamic)
+        return self._out.restore(
+            self._compiled(*CallSplit.of(args, kwargs, self._spec).dynamic))
 
     def __getattr__(self, name):
         return getattr(self._compiled, name)

@@ -36,7 +36,7 @@ from remat._jax.sharding import program_sizes
 from remat._jax.to_graph import jaxpr_to_graph
 from remat.core.graph import Graph
 
-__all__ = ["CallSpec", "CallSplit", "Program", "trace_program", "is_dynamic"]
+__all__ = ["CallSpec", "CallSplit", "OutputTree", "Program", "trace_program", "is_dynamic"]
 
 _NUMBERS = (bool, int, float, complex)
 
@@ -68,6 +68,54 @@ def _in_modules(tree: Any) -> Iterable[bool]:
         else:
             flags.append(False)
     return flags
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputTree:
+    """The structure of a traced function's results, with the leaves that are
+    not traced (:func:`is_dynamic`: a function or a Python number inside a
+    returned Equinox module, as ``equinox.filter_jit`` keeps them) kept aside as
+    they were at trace time: the program returns the traced leaves only.
+
+    A compiled program cannot return the kept leaves: it returns
+    :meth:`placeholder` (None in their places), and :meth:`restore` puts them back.
+
+    >>> import jax.numpy as jnp
+    >>> out, leaves = OutputTree.of((jnp.ones(2), str.upper))
+    >>> len(leaves), out.placeholder(leaves)[1], out.restore((jnp.ones(2), None))[1]
+    (1, None, <method 'upper' of 'str' objects>)
+    """
+    tree: Any
+    statics: tuple[tuple[int, Any], ...]     # (leaf position, value)
+
+    @classmethod
+    def of(cls, out: Any) -> tuple["OutputTree", list]:
+        """``out``'s structure and its traced leaves."""
+        leaves, tree = jax.tree_util.tree_flatten(out)
+        statics, traced = [], []
+        for k, (leaf, in_module) in enumerate(zip(leaves, _in_modules(out))):
+            if isinstance(leaf, core.Tracer) or is_dynamic(leaf, in_module):
+                traced.append(leaf)
+            else:
+                statics.append((k, leaf))
+        return cls(tree, tuple(statics)), traced
+
+    def placeholder(self, traced: Iterable) -> Any:
+        """The results from the program's (traced) outputs, None for each kept leaf."""
+        return self._filled(traced, [None] * len(self.statics))
+
+    def restore(self, placeholder: Any) -> Any:
+        """The results, from what :meth:`placeholder` made."""
+        if not self.statics:
+            return placeholder
+        return self._filled(jax.tree_util.tree_leaves(placeholder),
+                            [v for _, v in self.statics])
+
+    def _filled(self, traced: Iterable, kept: list) -> Any:
+        leaves = list(traced)
+        for (k, _), value in zip(self.statics, kept):
+            leaves.insert(k, value)
+        return jax.tree_util.tree_unflatten(self.tree, leaves)
 
 
 class _Static:
@@ -241,7 +289,7 @@ class Program:
       flat: the flattened program (no nested calls); its inputs are the call's
         dynamic leaves.
       graph: its planning graph (op ``i`` is equation ``i`` of ``flat``).
-      out_tree: the structure of its outputs.
+      out_tree: the structure of its results (an :class:`OutputTree`).
       specs: the abstract dynamic inputs (shapes, dtypes, shardings) it is
         compiled for; no array of the call is kept.
       donated: positions of donated inputs.
@@ -294,8 +342,7 @@ class Program:
         """``closed`` (a rewrite of ``flat``) as a jitted function of the dynamic
         leaves, returning the original output structure."""
         def run(*dynamic):
-            outs = core.jaxpr_as_fun(closed)(*dynamic)
-            return jax.tree_util.tree_unflatten(self.out_tree, outs)
+            return self.out_tree.placeholder(core.jaxpr_as_fun(closed)(*dynamic))
         placed = ({"in_shardings": self.in_shardings}
                   if any(s is not None for s in self.in_shardings) else {})
         return jax.jit(run, donate_argnums=self.donated, **placed, **self.jit_kwargs)
@@ -353,6 +400,7 @@ def trace_program(fun: Callable, args: tuple, kwargs: dict, spec: CallSpec,
     """Traces ``fun(*args, **kwargs)``, flattens it and builds its planning graph;
     the program, and the call split as it was traced."""
     split = CallSplit.of(args, kwargs, spec)
+    traced_out: list[OutputTree] = []
 
     def flat_fun(*dynamic):
         a, k = split.rebuild(dynamic)
@@ -369,16 +417,18 @@ def trace_program(fun: Callable, args: tuple, kwargs: dict, spec: CallSpec,
                 "be lost. Return the new state: for Flax NNX, split the objects into "
                 "graph and state (nnx.split) before the call, merge them inside, and "
                 "return nnx.state(...) (README, \"Flax NNX\").")
-        return out
+        tree, leaves = OutputTree.of(out)
+        traced_out.append(tree)
+        return leaves
 
-    closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*split.dynamic)
+    closed = jax.make_jaxpr(flat_fun)(*split.dynamic)
     flat = split_shard_maps(inline_calls(closed))
     graph = _graph_of(flat, split.dynamic, split.shardings, split.donated)
     as_written = closed if has_regions(closed.jaxpr) else None
     key = (str(flat.jaxpr), _digest(flat.consts), split.key,
            tuple(sorted((k, repr(v)) for k, v in jit_kwargs.items())),
            jax.default_backend(), as_written and str(as_written.jaxpr))
-    program = Program(flat, graph, jax.tree_util.tree_structure(out_shape),
+    program = Program(flat, graph, traced_out[-1],
                       tuple(_spec(x, s) for x, s in zip(split.dynamic, split.shardings)),
                       split.donated, dict(jit_kwargs), key, split.shardings, as_written)
     return program, split

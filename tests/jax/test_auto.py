@@ -518,6 +518,45 @@ def test_numbers_inside_a_module_are_static_as_filter_jit_keeps_them():
     assert planned.plan_for(*args[:4], 3.0) is planned.plan_for(*args)   # traced
 
 
+def test_a_returned_module_keeps_its_non_array_leaves_as_filter_jit_does():
+    # A train step returns the updated model: its activation functions and its
+    # dropout rate are leaves no compiled program returns; they come back as
+    # they were, from the call, its plan's compiled program and lower().compile()
+    eqx = pytest.importorskip("equinox")
+    optax = pytest.importorskip("optax")
+    keys = jax.random.split(jax.random.key(0), 4)
+    model = eqx.nn.Sequential([
+        eqx.nn.Linear(128, 256, key=keys[0]), eqx.nn.Lambda(jnp.tanh), eqx.nn.Dropout(0.1),
+        eqx.nn.Linear(256, 256, key=keys[1]), eqx.nn.Lambda(jnp.tanh),
+        eqx.nn.Linear(256, 10, key=keys[2])])
+    opt = optax.adam(1e-3)
+
+    def step(model, opt_state, x, y, key):
+        def loss(model):
+            logits = jax.vmap(lambda xi, k: model(xi, key=k))(
+                x, jax.random.split(key, x.shape[0]))
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        value, grads = eqx.filter_value_and_grad(loss)(model)
+        updates, opt_state = opt.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), opt_state, value
+
+    x = jax.random.normal(keys[3], (256, 128))
+    args = (model, opt.init(eqx.filter(model, eqx.is_array)), x, jnp.arange(256) % 10,
+            jax.random.key(5))
+    want = eqx.filter_jit(step)(*args)
+    planned = remat.jit(step, memory_limit=0.8)
+    plan = planned.plan_for(*args)
+    assert plan.met and plan.extra_flops > 0
+    for got in (planned(*args), plan.compiled(*args), planned.lower(*args).compile()(*args)):
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        new = got[0]
+        assert new.layers[1].fn is jnp.tanh and new.layers[2].p == 0.1
+        assert isinstance(new.layers[2].p, float)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            if isinstance(w, jax.Array):
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+
+
 def _deep(w, x):
     for _ in range(8):
         x = jnp.tanh(x @ w)
