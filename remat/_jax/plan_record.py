@@ -66,7 +66,9 @@ class Plan:
       jaxpr: the rewritten program (a function of the call's array leaves).
       plan_seconds: time spent planning and rewriting for this call (not tracing,
         which ``jax.jit`` does too, nor compiling).
-      out_tree: the structure of the program's outputs.
+      out_tree: the structure of the function's results (a
+        :class:`~remat._jax.program.OutputTree`: the compiled program returns
+        its traced leaves, the others are put back).
       compiled: the compiled rewritten program, called like the function.
       small_node_bytes: the small-node limit its plan was made with (the default
         is lowered where the values it keeps would put a target out of reach).
