@@ -12,8 +12,9 @@ setting, every (algorithm, order) of it. Rules:
   if even :data:`SMALLEST_SMALL_NODE` does.
 * A heuristic's plan that missed its target is consolidated within its own
   peak (the same peak, less recompute).
-* ``"optimal"`` in the default solves for at most :data:`OPTIMAL_DEFAULT_SECONDS`.
-  Once a target is out of reach (the solver proved it infeasible, or found no
+* ``"optimal"`` in the default solves for at most :data:`OPTIMAL_DEFAULT_SECONDS`,
+  and searches a target out of reach for its plan of least peak for at most
+  :data:`LEAST_PEAK_DEFAULT_SECONDS`. Once a target is out of reach (the solver proved it infeasible, or found no
   selection meeting it in its time), every lower target with the same small-node
   limit is answered, unsolved, by the plan of least peak found then: a lower
   target's selections are a subset.
@@ -48,11 +49,18 @@ from .options import PORTFOLIO, RematOptions
 from .scheduled import Scheduled
 from .search import Candidate, rungs
 
-__all__ = ["ColumnPlans", "OPTIMAL_DEFAULT_SECONDS", "SMALLEST_SMALL_NODE"]
+__all__ = ["ColumnPlans", "LEAST_PEAK_DEFAULT_SECONDS", "OPTIMAL_DEFAULT_SECONDS",
+           "SMALLEST_SMALL_NODE"]
 
 #: The time limit of each of ``"optimal"``'s solves in the default (seconds; the
 #: best selection found by then is used): it is tried after the heuristics.
 OPTIMAL_DEFAULT_SECONDS = 5.0
+#: The time limit of ``"optimal"``'s search for its plan of least peak, for a
+#: target out of reach, in the default (seconds). The heuristics' plans of least
+#: peak stand beside it, so it pays only where it finds a lower one quickly: on
+#: the random programs most that found one did so within a second, and most
+#: that ran longer found none.
+LEAST_PEAK_DEFAULT_SECONDS = 1.0
 #: The smallest default small-node limit tried before none at all (bytes).
 SMALLEST_SMALL_NODE = 4096
 
@@ -117,9 +125,10 @@ class ColumnPlans:
         # plan of least peak found then
         out_of_reach: dict[int, tuple[int, Candidate]] = {}
         planned: dict[int, Candidate] = {}
-        seconds = self.options.solver_seconds
+        seconds, least_peak_seconds = self.options.solver_seconds, None
         if algorithm == "optimal" and self.options.algorithm == PORTFOLIO:
             seconds = min(seconds, OPTIMAL_DEFAULT_SECONDS)
+            least_peak_seconds = LEAST_PEAK_DEFAULT_SECONDS
 
         def plan(target: int) -> Candidate:
             if target in planned:
@@ -135,10 +144,11 @@ class ColumnPlans:
                                           solver_seconds=seconds)
             with gc_paused():
                 if algorithm == "optimal":
-                    # its plan of least peak, searched once (to the time limit),
-                    # serves every target out of reach
+                    # its plan of least peak, searched once, serves every
+                    # target out of reach
                     result = plan_optimal(scheduled, options,
-                                          least_peak.payload[0] if least_peak else None)
+                                          least_peak.payload[0] if least_peak else None,
+                                          least_peak_seconds)
                 else:
                     result = get_algorithm(algorithm)(scheduled, options)
                     if result.small_node_bytes is not None:   # the variant kept

@@ -68,8 +68,8 @@ def test_optimal_solves_no_target_below_one_out_of_reach(monkeypatch):
     solves = []
     real = module.plan_optimal
 
-    def counted(scheduled, options, start=None):
-        result = real(scheduled, options, start)
+    def counted(scheduled, options, start=None, least_peak_seconds=None):
+        result = real(scheduled, options, start, least_peak_seconds)
         solves.append(options.model_target_bytes)
         # as if the solver proved every target infeasible
         return dataclasses.replace(result, status="infeasible",
@@ -87,15 +87,16 @@ def test_optimal_solves_no_target_below_one_out_of_reach(monkeypatch):
 
 
 @pytest.mark.parametrize("seconds, algorithm, expected", [
-    (60.0, "auto", module.OPTIMAL_DEFAULT_SECONDS), (60.0, "optimal", 60.0)])
+    (60.0, "auto", (module.OPTIMAL_DEFAULT_SECONDS, module.LEAST_PEAK_DEFAULT_SECONDS)),
+    (60.0, "optimal", (60.0, None))])
 def test_optimal_in_the_default_solves_for_at_most_its_seconds(
         monkeypatch, seconds, algorithm, expected):
     limits = []
     real = module.plan_optimal
 
-    def recorded(scheduled, options, start=None):
-        limits.append(options.solver_seconds)
-        return real(scheduled, options, start)
+    def recorded(scheduled, options, start=None, least_peak_seconds=None):
+        limits.append((options.solver_seconds, least_peak_seconds))
+        return real(scheduled, options, start, least_peak_seconds)
 
     monkeypatch.setattr(module, "plan_optimal", recorded)
     plans = _plans(random_dag(6, num_ops=15), solver_seconds=seconds, algorithm=algorithm)

@@ -80,6 +80,21 @@ def test_a_known_least_peak_plan_is_not_searched_again(monkeypatch):
     assert again.regions == first.regions and not searches
 
 
+def test_the_least_peak_search_takes_at_most_its_seconds(monkeypatch):
+    g = training_chain(6)
+    given = []
+    real = optimal_program.Program.least_peak
+    monkeypatch.setattr(optimal_program.Program, "least_peak",
+                        lambda self, seconds, verbose:
+                        (given.append(seconds), real(self, seconds, verbose))[1])
+    scheduled = on_schedule(g, tuple(range(g.num_ops)))
+    options = RematOptions(1, "optimal", small_node_bytes=0, solver_seconds=30.0)
+    capped = plan_optimal(scheduled, options, least_peak_seconds=0.5)
+    assert given[0] <= 0.5 and capped.status == "infeasible"
+    plan_optimal(scheduled, options)            # no cap: the time the solves left
+    assert 0.5 < given[1] <= 30.0
+
+
 def test_a_solve_out_of_time_leaves_no_least_peak_search(monkeypatch):
     # the solver found no selection before its deadline: the plan of least peak
     # is the heuristics' (no time is left to search for a lower one)

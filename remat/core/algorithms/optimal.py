@@ -79,14 +79,15 @@ _ROUNDS = 12
 
 
 def plan_optimal(scheduled: Scheduled, options: RematOptions,
-                 least_peak: PlanResult | None = None) -> PlanResult:
+                 least_peak: PlanResult | None = None,
+                 least_peak_seconds: float | None = None) -> PlanResult:
     """Plans with the ``"optimal"`` algorithm (see the module docstring).
 
     ``least_peak``: the plan of least peak found before on the same schedule (an
     ``"infeasible"`` or ``"time_limit"`` result for another limit); returned, with
     this limit, for a limit no selection meets, instead of searching for it
-    again. That search is the slow part of a limit out of reach: it runs to the
-    time limit.
+    again. That search is the slow part of a limit out of reach: it runs in the
+    time the solves left, at most ``least_peak_seconds`` (None: no more limit).
     """
     limit = options.model_target_bytes
     clock = time.perf_counter()
@@ -179,6 +180,8 @@ def plan_optimal(scheduled: Scheduled, options: RematOptions,
         # nothing meets the limit: the least estimated peak instead, searched in
         # the time the solve left (none left: the heuristics' least, below)
         left = deadline - time.perf_counter()
+        if least_peak_seconds is not None:
+            left = min(left, least_peak_seconds)
         res = program.least_peak(left, options.verbose)[0] if left > 0 else None
         chosen = ([i for i in range(len(cands)) if res.x[i] > 0.5]
                   if res is not None and res.x is not None else [])
