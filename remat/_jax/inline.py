@@ -185,13 +185,14 @@ def _merge_key(eqn: core.JaxprEqn, invars: list) -> Any:
     if eqn.effects or eqn.primitive.name in _NEVER_MERGED:
         return None
     operands = []
-    for v in invars:
-        if isinstance(v, core.Literal):
-            value = np.asarray(v.val)
-            operands.append(("literal", value.dtype.str, value.shape, value.tobytes()))
-        else:
-            operands.append(v)
     try:
+        for v in invars:
+            if isinstance(v, core.Literal):     # (a typed key has no NumPy form)
+                value = np.asarray(v.val)
+                operands.append(("literal", value.dtype.str, value.shape,
+                                 value.tobytes()))
+            else:
+                operands.append(v)
         key = (eqn.primitive, tuple(operands), tuple(sorted(eqn.params.items())))
         hash(key)
     except TypeError:

@@ -469,6 +469,10 @@ def _digest(consts) -> str:
     constant's value compile to different programs."""
     h = hashlib.blake2b(digest_size=16)
     for c in consts:
+        dtype = getattr(c, "dtype", None)
+        if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            h.update(repr(dtype).encode())      # (a typed key: its bits, by impl)
+            c = jax.random.key_data(c)
         a = np.asarray(c)
         h.update(repr((a.shape, a.dtype)).encode())
         h.update(np.ascontiguousarray(a).tobytes())

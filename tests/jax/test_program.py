@@ -149,3 +149,23 @@ def test_held_bytes_are_xlas_arguments_outputs_and_aliased_bytes(donate):
     outputs = len(program.flat.jaxpr.outvars)
     assert 0 <= xla.output - output <= 8 * outputs
     assert (xla.alias > 0) == donate
+
+
+def test_a_closed_over_typed_key_is_a_constant_of_the_program():
+    # a typed PRNG key has no NumPy form; the digest reads its bits, so two keys
+    # are two programs and the same key is one
+    def step(key):
+        def loss(ws, x):
+            for w in ws:
+                x = jnp.tanh(x @ w) * jax.random.bernoulli(key, 0.9, x.shape)
+            return jnp.sum(x ** 2)
+        return jax.value_and_grad(loss)
+
+    ws, x = _args("mlp")[1]
+    keys = jax.random.split(jax.random.key(0), 2)
+    programs = [trace_program(step(k), (ws, x), {}, CallSpec(), {})[0] for k in
+                (keys[0], keys[1], keys[0])]
+    assert programs[0].key != programs[1].key and programs[0].key == programs[2].key
+    got = remat.jit(step(keys[1]), memory_limit=0.8)(ws, x)
+    want = jax.jit(step(keys[1]))(ws, x)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
