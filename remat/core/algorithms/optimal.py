@@ -35,7 +35,8 @@ found so far is returned with its proven relative gap (``PlanResult.gap``). A
 limit no selection can meet is reported with ``status="infeasible"``, and one
 the solver found no selection for in its time with ``status="time_limit"``: the
 plan returned then has the least estimated peak of the selection of least peak
-(searched in the time left, if any) and the ``"path"`` and ``"standard"`` plans.
+(searched in the time left, if any, at most ``least_peak_seconds``) and the
+``"path"`` and ``"standard"`` plans.
 
 Example::
 
