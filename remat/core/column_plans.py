@@ -14,10 +14,10 @@ setting, every (algorithm, order) of it. Rules:
   peak (the same peak, less recompute).
 * ``"optimal"`` in the default solves for at most :data:`OPTIMAL_DEFAULT_SECONDS`,
   and searches a target out of reach for its plan of least peak for at most
-  :data:`LEAST_PEAK_DEFAULT_SECONDS`. Once a target is out of reach (the solver proved it infeasible, or found no
-  selection meeting it in its time), every lower target with the same small-node
-  limit is answered, unsolved, by the plan of least peak found then: a lower
-  target's selections are a subset.
+  :data:`LEAST_PEAK_DEFAULT_SECONDS`. Once a target is out of reach (the solver
+  proved it infeasible, or found no selection meeting it in its time), every
+  lower target with the same small-node limit is answered, unsolved, by the plan
+  of least peak found then: a lower target's selections are a subset.
 
 >>> from remat.core.graph import GraphBuilder
 >>> from remat.core.options import RematOptions
