@@ -1,8 +1,9 @@
 """Benchmark: the automatic pass on random programs nobody tuned it on.
 
-For each program of :mod:`bench.random_programs` (seeds ``0 .. N-1``), the training
-gradient ``jax.value_and_grad(loss)`` is measured in XLA's own figures
-(``compile().memory_analysis()``: argument + output + temp - alias bytes):
+For each program of :mod:`bench.random_programs` (seeds ``0 .. N-1``, or
+``--first`` on), the training gradient ``jax.value_and_grad(loss)`` is measured
+in XLA's own figures (``compile().memory_analysis()``: argument + output + temp -
+alias bytes):
 
 - **plain**: the program as written, and the seconds of one compile of it;
 - **hand**: the program with each block, then each pair of consecutive blocks,
@@ -25,9 +26,9 @@ Only the public API is used (``remat.plan``, ``remat.checkpoint``,
 ``plan_seconds``), so the benchmark measures whatever pass the package holds.
 
 Run from the repository root: ``python -m bench.bench_generalization [--seeds N]
-[--quick]``. Writes ``bench/results/generalization.md`` (one row per program, the
-table rewritten after each program, so that a long run leaves its rows so far) and
-prints the summary line.
+[--first K] [--quick]``. Writes ``bench/results/generalization.md`` (one row per
+program, the table rewritten after each program, so that a long run leaves its
+rows so far) and prints the summary line.
 """
 
 from __future__ import annotations
@@ -270,7 +271,11 @@ def write(rows: list[Row], fractions, flags: str) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=50,
-                        help="programs of seeds 0 .. N-1 (default 50)")
+                        help="programs of seeds FIRST .. FIRST+N-1 (default 50)")
+    parser.add_argument("--first", type=int, default=0,
+                        help="the first seed (default 0): seeds past those the "
+                             "pass was developed on test it on programs it has "
+                             "never seen")
     parser.add_argument("--quick", action="store_true",
                         help=f"sweep {QUICK_FRACTIONS} instead of {FULL_FRACTIONS}, "
                              "and no comparison with the optimal algorithm")
@@ -282,6 +287,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    if args.first < 0:
+        parser.error(f"--first must be at least 0, got {args.first}")
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     fractions = QUICK_FRACTIONS if args.quick else FULL_FRACTIONS
@@ -289,13 +296,14 @@ def main(argv=None) -> None:
                              with_optimal=args.optimal or not args.quick)
     rows = []
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-        for r in pool.imap(task, range(args.seeds)):
+        for r in pool.imap(task, range(args.first, args.first + args.seeds)):
             rows.append(r)
             print(f"{r.name}: plain {_mib(r.plain)} MiB, hand "
                   f"{'/'.join(_mib(r.hand[k]) for k in SEGMENTS)}, least "
                   f"{_mib(r.least)}, hand met {sum(a.met for a in r.hand_attempts)}/"
                   f"{len(r.hand_attempts)}, monotone {not r.violations}", flush=True)
-            text = write(rows, fractions, " --quick" * args.quick +
+            text = write(rows, fractions, f" --first {args.first}" * (args.first > 0) +
+                         " --quick" * args.quick +
                          " --optimal" * (args.optimal and args.quick) +
                          f" --jobs {args.jobs}" * (args.jobs > 1))
     print(text)
