@@ -266,18 +266,24 @@ def _with_fusions(graph: Graph, region: Region, position) -> Region:
     """``region`` with the whole fusion of each consumer: a consumer whose results
     a fusing compiler keeps in registers runs inside the op that reads them, so
     that op joins the block too (else the block would hand out the unfused
-    results, in memory). Only elementwise ops join, and only when no other
-    fused value would be handed in and the block would span no other ops: a
-    reduction, or an op reading fused values from outside, pulled into a block
-    makes the compiler materialize inputs the model counts as fused, so the
-    compiled program would hold more than the plan simulated."""
+    results, in memory). So does a *follower*: the only reader of a consumer's
+    result that reads nothing else and writes no more bytes (a transpose, a
+    reshape, a narrowing cast); outside the block, the compiler could not fold
+    it into the op making its input (a dot writes its result transposed, into a
+    gradient's own buffer), and would hold the block's result and its own at
+    once. Only elementwise ops join, and only when no other fused value would
+    be handed in and the block would span no other ops: a reduction, or an op
+    reading fused values from outside, pulled into a block makes the compiler
+    materialize inputs the model counts as fused, so the compiled program would
+    hold more than the plan simulated."""
     fused = fused_values(graph)
+    outputs = frozenset(graph.outputs)
     consumers = set(region.consumers)
     stack = list(consumers)
     while stack:
         op = graph.ops[stack.pop()]
         for v in op.outputs:
-            if fused[v]:
+            if fused[v] or _follower(graph, v, outputs) is not None:
                 for u in graph.users[v]:
                     if u not in consumers:
                         consumers.add(u)
@@ -295,6 +301,21 @@ def _with_fusions(graph: Graph, region: Region, position) -> Region:
             graph, region.consumers, position):
         return region
     return Region(region.recompute, tuple(sorted(consumers)))
+
+
+def _follower(graph: Graph, v: int, outputs: frozenset[int]) -> int | None:
+    """The op reading ``v`` if it is ``v``'s only reader, elementwise or data
+    movement, reads nothing else and writes no more bytes than ``v`` has; else
+    None. (A program output, one of
+    ``outputs``, is handed out whatever reads it.)"""
+    readers = graph.users[v]
+    if len(readers) != 1 or v in outputs:
+        return None
+    op = graph.ops[readers[0]]
+    if op.fusion not in ("loop", "copied") or any(w != v for w in op.inputs) or sum(
+            graph.values[w].nbytes for w in op.outputs) > graph.values[v].nbytes:
+        return None
+    return readers[0]
 
 
 def _unit_order(graph: Graph, schedule: Sequence[int], position, merged

@@ -252,3 +252,35 @@ def test_a_block_takes_the_elementwise_fusion_of_its_consumers():
     rw = apply_plan(on_schedule(g, tuple(range(g.num_ops))),
                     [Region(recompute=(0,), consumers=(3,))])
     assert rw.regions == (Region(recompute=(0,), consumers=(3,)),)
+
+
+def _dot_then(reader: str, out_bytes: int, *, also_read: bool = False):
+    # a (from a dot) is read early by g and late by a dot d whose result only
+    # `reader` reads (unless also_read: a second op reads it too)
+    b = GraphBuilder()
+    x = b.add_input(10)
+    (a,) = b.add_op("dot", [x], [100], flops=5)
+    (y,) = b.add_op("g", [a], [10])
+    (d,) = b.add_op("dot", [a, y], [100], flops=5)
+    (t,) = b.add_op(reader, [d], [out_bytes], fusion="loop")
+    outputs = [t]
+    if also_read:
+        (z,) = b.add_op("h", [d], [10])
+        outputs.append(z)
+    return b.build(outputs=outputs)
+
+
+@pytest.mark.parametrize("reader, out_bytes, also_read, joins", [
+    ("transpose", 100, False, True),          # the only reader, no more bytes
+    ("convert_element_type", 50, False, True),
+    ("broadcast_in_dim", 400, False, False),  # it would hand out more bytes
+    ("transpose", 100, True, False),          # the dot's result is handed out anyway
+])
+def test_a_block_takes_the_only_reader_of_a_consumers_result(reader, out_bytes,
+                                                             also_read, joins):
+    g = _dot_then(reader, out_bytes, also_read=also_read)
+    rw = apply_plan(on_schedule(g, tuple(range(g.num_ops))),
+                    [Region(recompute=(0,), consumers=(2,))])
+    assert rw.regions == (Region(recompute=(0,), consumers=(2, 3) if joins else (2,)),)
+    (block,) = rw.blocks
+    assert [rw.origin[o] for o in block] == ([0, 2, 3] if joins else [0, 2])
