@@ -25,7 +25,10 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    miss (at most :data:`REFINES` plans: a higher rung recomputes less), at the
    rung the line through their two footprints puts at the limit, and halfway
    where it puts none between them within it or once such a rung missed (the
-   compiler's footprint is seldom a line in the model's target).
+   compiler's footprint is seldom a line in the model's target); then, with
+   the refines left, on a column that plans quickly, the rungs the walk
+   stepped over above its lowest miss, top down (the footprint is not
+   monotone in the target either: a rung between two misses can meet).
    A walk that has compiled its share of :data:`MAX_COMPILES` (divided evenly
    among the columns) without meeting the limit stops, planning nothing more
    (a plan can take a good part of a compile's time): when the compiler reads
@@ -325,7 +328,7 @@ class Frontier:
             peak = min(col.rungs[k], self._planned[column, k].model_peak)
             target = peak - math.ceil((p.footprint - limit) * col.model_per_xla)
             k = max(min(k - 1, bisect.bisect_right(col.rungs, target) - 1), 0)
-        met, refines, secant = k, 0, True
+        met, refines, secant, lowest_miss = k, 0, True, missed
         while refines < REFINES and missed is not None and missed - met > 1:
             mid = self._between(column, met, missed, limit) if secant else met
             if mid == met:          # no line to go by, or none it puts within: halfway
@@ -343,6 +346,20 @@ class Frontier:
                 met = mid
             else:
                 missed, secant = mid, False
+        # The rungs the walk stepped over above its lowest miss, with the refines
+        # left: the compiler's footprint is not monotone in the target, so one
+        # between two misses can meet the limit, recomputing less (top down).
+        if lowest_miss is None or not col.plans_quickly:
+            return True
+        for r in reversed(range(lowest_miss + 1, self.start(column, limit))):
+            if refines == REFINES:
+                break
+            if (column, r) in self._measured or self.candidate(column, r).extra_flops >= min(
+                    bound, self.point(column, met).extra_flops * (1 - MIN_SAVING)):
+                continue
+            refines += 1
+            if self.point(column, r).footprint <= limit:
+                break
         return True
 
     def _between(self, column: int, met: int, missed: int, limit: int) -> int:

@@ -238,6 +238,26 @@ def test_a_flat_stretch_the_line_misses_is_found_halfway():
     assert max(s for s in steps if s <= 800) > steps[1]      # above the first within
 
 
+def test_a_rung_stepped_over_between_two_misses_is_compiled_if_it_saves():
+    # Rungs 10..50; the start (50) reads 130 against 100: one step by the miss
+    # to 20 (reads 105), one more to 10 (within). The compiler reads 40, which
+    # the first step jumped over, within (95): it recomputes less, so the walk
+    # compiles it (top down, with the refines left), not 30, which saves too
+    # but lies below it.
+    reads = {10: 90, 20: 105, 30: 120, 40: 95, 50: 130}
+    steps = []
+
+    def measure(cand):
+        steps.append(cand.model_peak)
+        return Point(cand.key, reads[cand.model_peak], cand.extra_flops, "")
+
+    col = Column("a", (10, 20, 30, 40, 50), 1.0, lambda limit: 50,
+                 lambda t: Candidate(t, t, 100.0 - t))
+    best = Frontier([col], measure).answer(100)
+    assert steps == [50, 20, 10, 40]
+    assert (best.footprint, best.extra_flops) == (95, 60.0)
+
+
 def test_a_column_that_cannot_recompute_less_than_the_answer_is_not_walked():
     # b plans the same peaks as a at twice the FLOPs: once a met the limit,
     # nothing of b is compiled; given first, b is walked, then a (whose start
