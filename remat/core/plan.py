@@ -283,7 +283,7 @@ def _with_fusions(graph: Graph, region: Region, position) -> Region:
     while stack:
         op = graph.ops[stack.pop()]
         for v in op.outputs:
-            if fused[v] or _follower(graph, v, outputs) is not None:
+            if fused[v] or _read_by_a_follower(graph, v, outputs):
                 for u in graph.users[v]:
                     if u not in consumers:
                         consumers.add(u)
@@ -303,19 +303,16 @@ def _with_fusions(graph: Graph, region: Region, position) -> Region:
     return Region(region.recompute, tuple(sorted(consumers)))
 
 
-def _follower(graph: Graph, v: int, outputs: frozenset[int]) -> int | None:
-    """The op reading ``v`` if it is ``v``'s only reader, elementwise or data
-    movement, reads nothing else and writes no more bytes than ``v`` has; else
-    None. (A program output, one of
-    ``outputs``, is handed out whatever reads it.)"""
+def _read_by_a_follower(graph: Graph, v: int, outputs: frozenset[int]) -> bool:
+    """Whether ``v``'s only reader is elementwise or data movement, reads
+    nothing else and writes no more bytes than ``v`` has (a program output, one
+    of ``outputs``, is handed out whatever reads it)."""
     readers = graph.users[v]
     if len(readers) != 1 or v in outputs:
-        return None
+        return False
     op = graph.ops[readers[0]]
-    if op.fusion not in ("loop", "copied") or any(w != v for w in op.inputs) or sum(
-            graph.values[w].nbytes for w in op.outputs) > graph.values[v].nbytes:
-        return None
-    return readers[0]
+    return (op.fusion in ("loop", "copied") and all(w == v for w in op.inputs)
+            and sum(graph.values[w].nbytes for w in op.outputs) <= graph.values[v].nbytes)
 
 
 def _unit_order(graph: Graph, schedule: Sequence[int], position, merged

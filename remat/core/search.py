@@ -26,9 +26,8 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    rung the line through their two footprints puts at the limit, and halfway
    where it puts none between them within it or once such a rung missed (the
    compiler's footprint is seldom a line in the model's target); then, with
-   the refines left, on a column that plans quickly, the rungs the walk
-   stepped over above its lowest miss, top down (the footprint is not
-   monotone in the target either: a rung between two misses can meet).
+   the refines left, a quick column's rungs the walk stepped over above its
+   lowest miss, top down (a rung between two misses can meet).
    A walk that has compiled its share of :data:`MAX_COMPILES` (divided evenly
    among the columns) without meeting the limit stops, planning nothing more
    (a plan can take a good part of a compile's time): when the compiler reads
@@ -38,13 +37,12 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    Columns that plan quickly are walked first, in their given order, then the
    others (a slow column's plan may take several compiles' time). Once a walk
    has met the limit, a column is walked only if it plans quickly, has the
-   answer's rank (or names it in
-   ``walked_after``), and its plan at its start (planned, not compiled)
-   recomputes less than the answer so far, by :data:`MIN_SAVING` of it at
-   least: its walk plans nothing above its start, and lower rungs recompute
-   more. Nor does a refine compile a plan that saves less than that share of
-   the recompute of the plan that met the limit: a compile is not spent to
-   save a sliver. A point already known within the
+   answer's rank (or names it in ``walked_after``), and its plan at its start
+   (planned, not compiled) recomputes less than the answer so far, by
+   :data:`MIN_SAVING` of it at least: its walk plans nothing above its start,
+   and lower rungs recompute more. Nor does a refine compile a plan that saves
+   less than that share of the recompute of the plan that met the limit: a
+   compile is not spent to save a sliver. A point already known within the
    limit (compiled for a limit asked before) bounds every walk in the same way,
    no slow column is walked, and once the search reaches the column that
    planned it, it counts as that column's walk having met the limit: a lower
@@ -53,10 +51,10 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    Before the first slow column is walked while no plan is known within the
    limit (step 2b, :meth:`Frontier.fill_skipped`): on each quick column of the
    first rank, the rungs its walk stepped over (between its start and its
-   lowest rung compiled), from the top down, its share of compiles at most. A
-   step assumes the compiler's footprint falls with the model's peak; where it
-   does not (a lower plan read higher), the rung that meets can lie in what
-   the step jumped over, and a compile there costs less than a slow plan.
+   lowest rung compiled), top down, its share of compiles at most. A step
+   assumes the compiler's footprint falls with the model's peak; where it does
+   not, the rung that meets can lie in what the step jumped over, and a
+   compile there costs less than a slow plan.
 3. If no walk met it and no point was known within it, on each column every
    rung at or below its start not compiled yet, until a plan is within the limit.
 4. The answer: the cheapest point known (from any limit asked of this frontier
@@ -70,8 +68,7 @@ it one the search may make next: while no plan is known within the limit, the
 one it makes should the current walk fail (the next column's start, of one that
 would be walked after its answer too; in step 3, the next rung), and in a
 refine, the next refine should this one meet the limit. A point enters the
-frontier only when the search asks for it, so the answers are those of the
-search without it; only the wall time differs.
+frontier only when the search asks for it: the answers are the same without it.
 
 Guarantees, by construction:
 
@@ -346,20 +343,16 @@ class Frontier:
                 met = mid
             else:
                 missed, secant = mid, False
-        # The rungs the walk stepped over above its lowest miss, with the refines
-        # left: the compiler's footprint is not monotone in the target, so one
-        # between two misses can meet the limit, recomputing less (top down).
-        if lowest_miss is None or not col.plans_quickly:
-            return True
-        for r in reversed(range(lowest_miss + 1, self.start(column, limit))):
-            if refines == REFINES:
-                break
-            if (column, r) in self._measured or self.candidate(column, r).extra_flops >= min(
+        # then the rungs stepped over above the lowest miss (a footprint between
+        # two misses can be within), top down, on a quick column
+        skipped = (reversed(range(lowest_miss + 1, self.start(column, limit)))
+                   if lowest_miss is not None and col.plans_quickly else ())
+        for r in (r for r in skipped if (column, r) not in self._measured):
+            if refines < REFINES and self.candidate(column, r).extra_flops < min(
                     bound, self.point(column, met).extra_flops * (1 - MIN_SAVING)):
-                continue
-            refines += 1
-            if self.point(column, r).footprint <= limit:
-                break
+                refines += 1
+                if self.point(column, r).footprint <= limit:
+                    break
         return True
 
     def _between(self, column: int, met: int, missed: int, limit: int) -> int:
