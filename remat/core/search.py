@@ -11,9 +11,9 @@ Columns and rungs. A column is one way of planning (an algorithm on one order of
 the program's ops). It is asked for plans only at a fixed ladder of model
 targets: :data:`RUNGS` rungs evenly spaced from the column's floor (the least peak
 it can reach) up to the plain program's peak, and :data:`FINE_RUNGS` more just
-above the floor. A plan depends only on its column
-and rung, so the plans of a program form a finite set, the same whatever limits
-are asked: its frontier, compiled lazily, as deep as the limits asked need.
+above the floor. A plan depends only on its column and rung, so the plans of a
+program form a finite set, the same whatever limits are asked: its frontier,
+compiled lazily, as deep as the limits asked need.
 
 Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
 
@@ -33,7 +33,10 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    (a plan can take a good part of a compile's time): when the compiler reads
    a column's plans at one footprint while the model drops, its walk steps down
    one rung at a time, and would leave the other columns (other orders, whose
-   plans the compiler may read lower) nothing.
+   plans the compiler may read lower) nothing. Once every column had its turn,
+   the walks so cut resume where they stopped, in the same order and on the
+   same terms (step 2c): a lower limit's walk would have gone on from there,
+   and can meet this one with less recompute than the answer so far.
    Columns that plan quickly are walked first, in their given order, then the
    others (a slow column's plan may take several compiles' time). Once a walk
    has met the limit, a column is walked only if it plans quickly, has the
@@ -190,8 +193,7 @@ class Column:
         once a walk met a limit, only columns of its rank (and those naming it in
         ``walked_after``) are walked after it.
       plans_quickly: whether a plan takes far less time than a compile (once a
-        limit is met, the search plans such a column's start rung to decide
-        whether to walk it too).
+        limit is met, only such a column's start is planned, to decide its walk).
       walked_after: ranks besides its own after whose answer a walk of this
         column may follow (e.g. the same plans lowered to keep fewer bytes,
         after the default lowering met the limit further down).
@@ -234,10 +236,8 @@ class Frontier:
         (:data:`MAX_COMPILES`); ``out_of_compiles`` says whether the last
         answer's search stopped there.
       compile_ahead: a :class:`Candidate` -> None, starting its compile beside
-        the search (``measure`` then waits for it), or None. Given, each
-        compile starts beside it one the search may make next (the module's
-        "Compiling ahead"). The search reads a point only when it asks for it,
-        so its answers are the same either way.
+        the search (``measure`` then waits for it), or None (the module's
+        "Compiling ahead": the answers are the same either way).
     """
 
     def __init__(self, columns: Sequence[Column], measure: Callable[[Candidate], Point],
@@ -255,6 +255,7 @@ class Frontier:
         self.compiles = 0
         self.max_compiles = MAX_COMPILES if max_compiles is None else max_compiles
         self._stop_at: int | None = None    # while answering: compiles to stop at
+        self._cut: dict[int, tuple[int, int | None]] = {}   # walks cut at their share
         self.out_of_compiles = False    # whether the last answer's search hit the bound
 
     def candidate(self, column: int, rung: int) -> Candidate:
@@ -292,26 +293,27 @@ class Frontier:
                      cand.model_peak, known.footprint, known.extra_flops)
         return known
 
-    def walk(self, column: int, limit: int, bound: float = math.inf) -> bool:
+    def walk(self, column: int, limit: int, bound: float = math.inf,
+             resume: tuple[int, int | None] | None = None) -> bool:
         """Step 2 of the module's search on one column; True if a plan met it.
 
         A plan that recomputes ``bound`` FLOPs or more (those of an answer
         already known) is not compiled: the walk ends at one, and so do the
         refines. So it does at a start plan that does not save
         :data:`MIN_SAVING` of ``bound``, and so do the refines at a plan that
-        does not save :data:`MIN_SAVING` of the plan that met the limit."""
+        does not save :data:`MIN_SAVING` of the plan that met the limit.
+        A walk cut at its share records its next rung and its last miss in
+        ``_cut``; ``resume`` takes them up, with no share of its own."""
         col = self.columns[column]
-        k = self.start(column, limit)
-        missed = None
+        k, missed = resume or (self.start(column, limit), None)
         # while no plan is known within the limit, each compile starts the next
-        # column's beside it (once one is, the next column is walked only if
-        # its start saves recompute)
-        ahead = ((lambda key: self._next_start(column, limit, key))
-                 if bound == math.inf else None)
+        # column's beside it (once one is, a column is walked only if it saves)
+        ahead = (lambda key: self._next_start(column, limit, key)) if bound == math.inf else None
         first, share = self.compiles, max(self.max_compiles // len(self.columns), 1)
         dearest = bound * (1 - MIN_SAVING)     # the start plan must save a share
         while True:
-            if self.compiles - first >= share:
+            if resume is None and self.compiles - first >= share:
+                self._cut[column] = k, missed
                 return False        # the other columns' share (nothing more planned)
             if self.candidate(column, k).extra_flops >= dearest:
                 return False
@@ -337,8 +339,7 @@ class Frontier:
             # beside it, the next refine should it meet the limit and the line
             # put no rung within (as it seldom does, once a rung met it): halfway up
             up = (mid + missed) // 2
-            ahead = ((lambda key: (column, up)) if refines < REFINES and up > mid
-                     else None)
+            ahead = (lambda key: (column, up)) if refines < REFINES and up > mid else None
             if self.point(column, mid, ahead).footprint <= limit:
                 met = mid
             else:
@@ -377,9 +378,13 @@ class Frontier:
     def fill(self, limit: int) -> bool:
         """Step 3: the rungs at or below each column's start not compiled yet, from
         the top down, until a plan meets ``limit``; True if one did."""
-        todo = [(c, k) for c in range(len(self.columns))
-                for k in reversed(range(self.start(c, limit) + 1))
-                if (c, k) not in self._measured]
+        return self._first_within(limit, [
+            (c, k) for c in range(len(self.columns))
+            for k in reversed(range(self.start(c, limit) + 1)) if (c, k) not in self._measured])
+
+    def _first_within(self, limit: int, todo: list[tuple[int, int]]) -> bool:
+        """Compiles the (column, rung) plans of ``todo`` in turn (each with the
+        next beside it) until one is within ``limit``; True if one was."""
         for j, (c, k) in enumerate(todo):
             after = todo[j + 1] if j + 1 < len(todo) else None
             if self.point(c, k, lambda key: after).footprint <= limit:
@@ -402,11 +407,7 @@ class Frontier:
             if self.columns[c].rank == rank and walked:
                 todo += [(c, k) for k in reversed(range(min(walked) + 1, max(walked)))
                          if (c, k) not in self._measured][:share]
-        for j, (c, k) in enumerate(todo):
-            after = todo[j + 1] if j + 1 < len(todo) else None
-            if self.point(c, k, lambda key: after).footprint <= limit:
-                return True
-        return False
+        return self._first_within(limit, todo)
 
     def _walk_order(self) -> list[int]:
         """The columns in the order the walks take them: those that plan quickly
@@ -440,20 +441,20 @@ class Frontier:
     def best_under(self, limit: int) -> Point | None:
         """The cheapest point known within ``limit`` (fewest extra FLOPs, then
         the lowest rank, then the least footprint)."""
-        within = [p for p in self._known() if p.footprint <= limit]
+        within = [p for p in self.points.values() if p.footprint <= limit]
         return min(within, key=lambda p: (p.extra_flops, p.rank, p.footprint),
                    default=None)
 
     def lowest(self) -> Point | None:
         """The point of the least footprint known."""
-        return min(self._known(), key=lambda p: (p.footprint, p.extra_flops),
+        return min(self.points.values(), key=lambda p: (p.footprint, p.extra_flops),
                    default=None)
 
     def answer(self, limit: int) -> Point | None:
         """The cheapest point within ``limit`` after searching for it (the module's
         steps 1-4, compiling at most ``max_compiles`` plans); None if no plan
         compiled is within it."""
-        self.out_of_compiles = False
+        self.out_of_compiles, self._cut = False, {}
         if self.plain is not None and self.plain.footprint <= limit:
             return self.plain
         self._stop_at = self.compiles + self.max_compiles
@@ -468,10 +469,12 @@ class Frontier:
     def _search(self, limit: int) -> None:
         best = self.best_under(limit)       # from the limits asked before, if any
         met = None      # the point whose rank selects the columns walked after it
-        # the columns that plan quickly first (a slow column's plan can cost
-        # several compiles' time), each group in the given order
-        skipped_filled = False
-        for c in self._walk_order():
+        skipped_filled, order = False, self._walk_order()
+
+        def turns():        # each column's walk, then (2c) the walks cut at their share
+            yield from ((c, None) for c in order)
+            yield from ((c, self._cut.pop(c)) for c in order if c in self._cut)
+        for c, resume in turns():
             col = self.columns[c]
             if met is not None:
                 if not (col.plans_quickly and (col.rank == met.rank
@@ -484,7 +487,7 @@ class Frontier:
                 if self.fill_skipped(limit):
                     best = met = self.best_under(limit)
                     continue
-            if self.walk(c, limit, math.inf if best is None else best.extra_flops):
+            if self.walk(c, limit, math.inf if best is None else best.extra_flops, resume):
                 best = met = self.best_under(limit)
             elif best is not None and best.column == col.name:
                 met = best      # its own plan, known from before: as if it met it
@@ -495,6 +498,3 @@ class Frontier:
     def exhausted(self) -> bool:
         """Whether every rung of every column has been compiled."""
         return len(self._measured) == sum(len(c.rungs) for c in self.columns)
-
-    def _known(self) -> list[Point]:
-        return list(self.points.values())

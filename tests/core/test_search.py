@@ -169,8 +169,30 @@ def test_a_walk_stops_at_its_share_of_the_bound():
     got = f.answer(700)
     assert got is not None and got.key[0] == "b"
     assert f.compiles == MAX_COMPILES // 2 + 1
-    # a walk out of its share plans nothing more (a plan can cost a compile's time)
-    assert planned.count("a") == MAX_COMPILES // 2
+    # a walk out of its share plans nothing more (a plan can cost a compile's
+    # time) until every column had its turn; resumed then, it plans its next
+    # rung, which recomputes more than b's answer: not compiled
+    assert planned.count("a") == MAX_COMPILES // 2 + 1
+
+
+def test_a_walk_cut_at_its_share_resumes_for_less_recompute():
+    # "a" reads its plans over the limit down to 400 model bytes, then within;
+    # "b" meets the limit at its start but recomputes 3x as much. a's walk runs
+    # out of its share on the way down; resumed after b met the limit, it meets
+    # it with less recompute, as a lower limit's walk of a would
+    a, b = _scaled_column("a", 1.0), _scaled_column("b", 3.0)
+    a = dataclasses.replace(a, model_per_xla=0.01)       # (one rung at a time)
+
+    def measure(cand):
+        name, t = cand.key
+        return Point(cand.key, 800 if name == "a" and t > 400 else t,
+                     cand.extra_flops, "")
+    f = Frontier([a, b], measure, max_compiles=20)
+    got = f.answer(700)
+    assert got is not None and got.key[0] == "a"
+    assert f.compiles <= 20 and not f.out_of_compiles
+    lower = Frontier([a, b], measure, max_compiles=20).answer(450)
+    assert got.extra_flops <= lower.extra_flops
 
 
 def _two_zone_walk(limit, base_flops=PEAK):
