@@ -166,10 +166,10 @@ class Planner:
         # own plans, which on the first order are often those of another algorithm.
         # Ranks: 2 * the order's index, plus one under the fallback lowering. At
         # equal FLOPs the first order's plan answers, under the default lowering;
-        # once a walk met a limit, the quick columns under the default lowering
-        # (any order) are walked for less recompute, and after a gated answer
-        # the same column's plans under the fallback lowering (which keeps
-        # fewer bytes, so its walk may meet higher up). "optimal" on the other
+        # once a walk met a limit, only columns of its rank (the other algorithms
+        # on its order and lowering) are walked for less recompute, and after a
+        # gated answer the same column's plans under the fallback lowering (which
+        # keeps fewer bytes, so its walk may meet higher up). "optimal" on the other
         # orders comes after them (each rung a solve of up to seconds): it only
         # takes limits no other column meets. The order as XLA fused has a
         # frontier of its own (_fused_frontier).
@@ -358,12 +358,9 @@ class Planner:
             ref = self.reference
             return int(max(limit - ref.scratch, 0) * peak / max(ref.total - ref.scratch, 1))
 
-        # walked after an answer of any order under the default lowering, if
-        # its start saves recompute (the orders' plans differ in what XLA reads)
         return Column(name, self.plans.rungs(algorithm, order), per_xla, estimate,
                       self.plans.of(algorithm, order),
-                      rank=2 * order, plans_quickly=algorithm not in LAST_RESORT,
-                      walked_after=frozenset(range(0, 2 * len(self.orders), 2)))
+                      rank=2 * order, plans_quickly=algorithm not in LAST_RESORT)
 
     def _measure(self, cand: Candidate) -> Point:
         result, small, _ = cand.payload

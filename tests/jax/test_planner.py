@@ -68,19 +68,3 @@ def test_the_planner_plans_again_on_the_ops_as_xla_fused_them():
             < abs(guessed.timeline.peak_bytes / xla - 1))
     assert not any("as XLA fused" in c.name for c in planner.frontier.columns)
     assert all(c.name.endswith("/order 0, as XLA fused") for c in frontier.columns)
-
-
-def test_after_a_met_limit_every_orders_quick_columns_may_save_recompute():
-    """Which order's plans XLA reads lowest is not known before compiling them:
-    once a walk met a limit, a column of any order under the default lowering
-    follows the answer (``Column.walked_after``) where its start recomputes less;
-    a column under the fallback lowering follows only its own default column."""
-    program = _program()
-    columns = Planner(program, resolve_options({"memory_limit": 0.5}, {})).frontier.columns
-    default = {c.rank for c in columns if c.rank % 2 == 0}
-    assert len(default) > 1                     # (more than one order)
-    for c in columns:
-        if c.rank % 2 == 0:
-            assert default <= c.walked_after | {c.rank}
-        else:
-            assert c.walked_after == {c.rank - 1}
