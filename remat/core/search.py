@@ -35,8 +35,8 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    one rung at a time, and would leave the other columns (other orders, whose
    plans the compiler may read lower) nothing. Once every column had its turn,
    the walks so cut resume where they stopped, in the same order and on the
-   same terms (step 2c): a lower limit's walk would have gone on from there,
-   and can meet this one with less recompute than the answer so far.
+   same terms, whatever the answer's rank (step 2c): a lower limit's walk would
+   have gone on from there, and can meet this one with less recompute.
    Columns that plan quickly are walked first, in their given order, then the
    others (a slow column's plan may take several compiles' time). Once a walk
    has met the limit, a column is walked only if it plans quickly, has the
@@ -194,9 +194,8 @@ class Column:
         ``walked_after``) are walked after it.
       plans_quickly: whether a plan takes far less time than a compile (once a
         limit is met, only such a column's start is planned, to decide its walk).
-      walked_after: ranks besides its own after whose answer a walk of this
-        column may follow (e.g. the same plans lowered to keep fewer bytes,
-        after the default lowering met the limit further down).
+      walked_after: ranks besides its own after whose answer this column may be
+        walked (e.g. its plans under a lowering that keeps fewer bytes).
     """
     name: str
     rungs: tuple[int, ...]
@@ -298,12 +297,11 @@ class Frontier:
         """Step 2 of the module's search on one column; True if a plan met it.
 
         A plan that recomputes ``bound`` FLOPs or more (those of an answer
-        already known) is not compiled: the walk ends at one, and so do the
-        refines. So it does at a start plan that does not save
-        :data:`MIN_SAVING` of ``bound``, and so do the refines at a plan that
-        does not save :data:`MIN_SAVING` of the plan that met the limit.
-        A walk cut at its share records its next rung and its last miss in
-        ``_cut``; ``resume`` takes them up, with no share of its own."""
+        already known) is not compiled: the walk and its refines end at one,
+        and so do a start plan (resumed: the last miss) not saving
+        :data:`MIN_SAVING` of ``bound`` and a refine not saving it of the plan
+        that met the limit. A walk cut at its share records its next rung and
+        its last miss in ``_cut``; ``resume`` takes them up, with no share."""
         col = self.columns[column]
         k, missed = resume or (self.start(column, limit), None)
         # while no plan is known within the limit, each compile starts the next
@@ -311,6 +309,8 @@ class Frontier:
         ahead = (lambda key: self._next_start(column, limit, key)) if bound == math.inf else None
         first, share = self.compiles, max(self.max_compiles // len(self.columns), 1)
         dearest = bound * (1 - MIN_SAVING)     # the start plan must save a share
+        if missed is not None and self.candidate(column, missed).extra_flops >= dearest:
+            return False    # resumed below a miss that saves too little: so would it
         while True:
             if resume is None and self.compiles - first >= share:
                 self._cut[column] = k, missed
@@ -476,8 +476,8 @@ class Frontier:
             yield from ((c, self._cut.pop(c)) for c in order if c in self._cut)
         for c, resume in turns():
             col = self.columns[c]
-            if met is not None:
-                if not (col.plans_quickly and (col.rank == met.rank
+            if met is not None:     # (a cut walk resumes whatever the answer's rank)
+                if not (col.plans_quickly and (col.rank == met.rank or resume
                                                or met.rank in col.walked_after)):
                     continue
             elif best is not None and not col.plans_quickly:

@@ -170,9 +170,9 @@ def test_a_walk_stops_at_its_share_of_the_bound():
     assert got is not None and got.key[0] == "b"
     assert f.compiles == MAX_COMPILES // 2 + 1
     # a walk out of its share plans nothing more (a plan can cost a compile's
-    # time) until every column had its turn; resumed then, it plans its next
-    # rung, which recomputes more than b's answer: not compiled
-    assert planned.count("a") == MAX_COMPILES // 2 + 1
+    # time) until every column had its turn; resumed then, its last miss
+    # already recomputes more than b's answer: its next rung is not planned
+    assert planned.count("a") == MAX_COMPILES // 2
 
 
 def test_a_walk_cut_at_its_share_resumes_for_less_recompute():
@@ -193,6 +193,21 @@ def test_a_walk_cut_at_its_share_resumes_for_less_recompute():
     assert f.compiles <= 20 and not f.out_of_compiles
     lower = Frontier([a, b], measure, max_compiles=20).answer(450)
     assert got.extra_flops <= lower.extra_flops
+
+
+def test_a_cut_walk_resumes_after_an_answer_of_another_rank():
+    # as above, but "b" is of another rank (another order): "a"'s cut walk,
+    # not a new column, still resumes after b met the limit
+    a, b = _scaled_column("a", 1.0), _scaled_column("b", 3.0, rank=2)
+    a = dataclasses.replace(a, model_per_xla=0.01)
+
+    def measure(cand):
+        name, t = cand.key
+        return Point(cand.key, 800 if name == "a" and t > 400 else t,
+                     cand.extra_flops, "")
+    got = Frontier([a, b], measure, max_compiles=20).answer(700)
+    assert got is not None and got.key[0] == "a"
+    assert got.extra_flops <= Frontier([a, b], measure, max_compiles=20).answer(450).extra_flops
 
 
 def _two_zone_walk(limit, base_flops=PEAK):
