@@ -135,3 +135,18 @@ def test_monotone_violations_are_found():
     assert monotone_violations([met("a", 10, 5.0), met("c", 30, 1.0)]) == []
     assert len(monotone_violations([met("a", 10, 5.0), refused])) == 1
     assert len(monotone_violations([met("a", 10, 5.0), met("c", 30, 6.0)])) == 1
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's two lowerings")
+def test_attention_plans_fall_back_on_the_gate_where_a_branch_copies_the_heads():
+    # rp90 (attention, 2 blocks): in a conditional's branch XLA copies each
+    # attention head the region reads, laid out transposed outside, to the layout
+    # its dots take, and reads path's plans over 0.8 down to its floor (only
+    # segments met it, +73 MFLOP, about a quarter of the program's FLOPs).
+    # Inlined and gated, the first plan path compiles meets it.
+    p = random_program(90)
+    plain, temp = _plain(p)
+    plan = remat.plan(p.step, p.params, p.inputs, memory_limit=int(plain - 0.2 * temp))
+    program_flops = plan.compiled.cost_analysis()["flops"]
+    assert plan.met and "conditional(" not in plan.compiled.as_text()
+    assert 0 < plan.extra_flops < 0.01 * program_flops

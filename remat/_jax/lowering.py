@@ -183,20 +183,26 @@ _SLOW_NESTED = frozenset({"conv_general_dilated"})
 
 def fallback_strategy(platform: str, jaxpr: core.Jaxpr) -> str | None:
     """The lowering a plan of ``jaxpr`` may fall back on when the default's does
-    not fit: ``"cond"`` where the default would gate some region (on CPU, regions
-    reading convolutions), since the gate keeps more bytes live than the
-    conditional (its gated copies of the inputs); None where the default is
-    already the one that keeps least.
+    not fit: where the default would gate some region (on CPU, regions reading
+    convolutions), ``"cond"``, which keeps fewer bytes (no gated copies of the
+    inputs); where it would put every region in a conditional (on CPU, the
+    others), ``"gate"``: inlined, the region's inputs keep the layouts XLA gave
+    them outside, where a branch's body copies each one whose layout its ops
+    do not take (a transposed attention head, say). None where the default is
+    the only lowering kept (``"barrier"``, elsewhere).
 
     >>> import jax, jax.numpy as jnp
     >>> conv = jax.make_jaxpr(lambda x, w: jax.lax.conv(x, w, (1, 1), "SAME"))(
     ...     jnp.ones((1, 1, 8, 8)), jnp.ones((1, 1, 3, 3))).jaxpr
-    >>> fallback_strategy("cpu", conv), fallback_strategy("gpu", conv)
-    ('cond', None)
+    >>> dense = jax.make_jaxpr(jnp.tanh)(jnp.ones(8)).jaxpr
+    >>> fallback_strategy("cpu", conv), fallback_strategy("cpu", dense)
+    ('cond', 'gate')
+    >>> fallback_strategy("gpu", conv) is None
+    True
     """
-    if default_strategy(platform) != "gate" or not _reads_slow_nested(jaxpr):
+    if default_strategy(platform) != "gate":
         return None
-    return "cond"
+    return "cond" if _reads_slow_nested(jaxpr) else "gate"
 
 
 def _reads_slow_nested(jaxpr: core.Jaxpr) -> bool:

@@ -168,7 +168,7 @@ class Planner:
         # equal FLOPs the first order's plan answers, under the default lowering;
         # once a walk met a limit, only columns of its rank (the other algorithms
         # on its order and lowering) are walked for less recompute, and after a
-        # gated answer the same column's plans under the fallback lowering (which
+        # gated answer the same column's plans under the conditional (which
         # keeps fewer bytes, so its walk may meet higher up). "optimal" on the other
         # orders comes after them (each rung a solve of up to seconds): it only
         # takes limits no other column meets. The order as XLA fused has a
@@ -178,11 +178,15 @@ class Planner:
                    for name in names if k == 0 or name != "optimal"]
         columns += [self._column("optimal", k) for k in range(1, len(self.orders))
                     if "optimal" in names]
-        # Where the default lowering gates regions, each column of the first order
-        # is followed by its plans under the lowering that keeps fewer bytes (and
-        # may run slower): tried before the next algorithm, as the gate's extra
-        # bytes, not the plan, are what usually misses a tight limit.
+        # Where the platform has two lowerings (CPU: the gate for regions that
+        # read convolutions, the conditional for the others), each column of the
+        # first order is followed by its plans under the other one: tried before
+        # the next algorithm, as the lowering's extra bytes (the gate's copies of
+        # the inputs; a branch's copies of inputs XLA laid out transposed), not
+        # the plan, are what usually misses a tight limit.
         fallback = platform and fallback_strategy(platform, program.flat.jaxpr)
+        if fallback == "gate" and _spread(program):
+            fallback = None    # partitioned, gated plans read as the plain program
         if fallback is not None:
             first = len(self.algorithms())
             columns = [*(c for col in columns[:first]
@@ -423,7 +427,11 @@ def _spread(program: Program) -> bool:
 
 def _relowered(column: Column, lowering: str) -> Column:
     """``column``'s plans, their regions lowered with ``lowering``: the same
-    targets and plans (a column plans each target once), other compiled points."""
+    targets and plans (a column plans each target once), other compiled points.
+    Walked for less recompute after an answer of ``column``'s rank only under
+    the conditional, which keeps fewer bytes than the gate's copies; the gate,
+    read lower only where a branch would copy inputs, only while no plan is
+    known within the limit."""
     def plan(target: int) -> Candidate:
         cand = column.plan(target)
         result, small, _ = cand.payload
@@ -431,8 +439,8 @@ def _relowered(column: Column, lowering: str) -> Column:
                                    payload=(result, small, lowering))
 
     return dataclasses.replace(column, name=f"{column.name} ({lowering})", plan=plan,
-                               rank=column.rank + 1,
-                               walked_after=frozenset({column.rank}))
+                               rank=column.rank + 1, walked_after=frozenset(
+                                   {column.rank} if lowering == "cond" else ()))
 
 
 _PLANNERS: collections.OrderedDict[Any, Planner] = collections.OrderedDict()

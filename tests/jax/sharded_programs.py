@@ -26,6 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import remat     # noqa: E402
+from remat._jax.planner import _PLANNERS  # noqa: E402
 
 LAYERS, BATCH, WIDTH = 8, 1024, 512
 FRACTION = 0.5
@@ -208,8 +209,9 @@ def run(name: str, fraction: float = FRACTION, algorithm: str | None = None) -> 
                 temp_ratio=p.planned.temp / max(m.temp_size_in_bytes, 1),
                 regions=len(p.result.regions), recomputed=p.recomputed,
                 max_diff=diff, scale=scale, same_shardings=same_shardings,
-                added_gathers=added_gathers,
-                devices=jax.device_count())
+                added_gathers=added_gathers, devices=jax.device_count(),
+                gated_columns=sum("(gate)" in c.name for c in
+                                  list(_PLANNERS.values())[-1].frontier.columns))
 
 
 class _null:

@@ -68,3 +68,25 @@ def test_the_planner_plans_again_on_the_ops_as_xla_fused_them():
             < abs(guessed.timeline.peak_bytes / xla - 1))
     assert not any("as XLA fused" in c.name for c in planner.frontier.columns)
     assert all(c.name.endswith("/order 0, as XLA fused") for c in frontier.columns)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's two lowerings")
+def test_each_first_order_column_has_its_plans_under_the_other_lowering():
+    # the dense program's regions go in a conditional by default: each column of
+    # the first order is followed by its plans gated; a conv program's the other
+    # way round (the default gates regions that read convolutions)
+    def conv_loss(ws, x):
+        for w in ws:
+            x = jnp.tanh(jax.lax.conv(x, w, (1, 1), "SAME"))
+        return jnp.sum(x ** 2)
+    r = np.random.default_rng(2)
+    args = ([jnp.asarray(r.normal(size=(4, 4, 3, 3)) / 6, jnp.float32) for _ in range(3)],
+            jnp.asarray(r.normal(size=(2, 4, 16, 16)), jnp.float32))
+    step = jax.value_and_grad(conv_loss)
+    conv = trace_program(step, args, {}, CallSpec.of(step, {}), {})[0]
+    for program, other in [(_program(), "gate"), (conv, "cond")]:
+        names = _columns(program)
+        first = sorted(n for n in names if n.endswith("/order 0"))
+        assert first and sorted(n for n in names if n.endswith(f"/order 0 ({other})")) == [
+            f"{n} ({other})" for n in first]
+        assert not any(n.endswith(")") and "order 0" not in n for n in names)

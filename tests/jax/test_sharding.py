@@ -64,6 +64,13 @@ def test_regions_keep_their_results_split(results, case):
     assert results[case]["added_gathers"] == 0, results[case]
 
 
+def test_partitioned_programs_plan_without_the_gate(results):
+    # gated, every plan of the sharded MLP read at the plain program's
+    # per-device footprint: no column falls back on the gate there
+    gated = {case: r.get("gated_columns") for case, r in results.items()}
+    assert gated == dict.fromkeys(results, 0), gated
+
+
 def test_this_process_still_has_one_device():
     assert jax.device_count() == 1
 
