@@ -24,6 +24,7 @@ import bisect
 import collections
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 from remat._jax.compat import core
@@ -167,9 +168,9 @@ class Planner:
         # Ranks: 2 * the order's index, plus one under the fallback lowering. At
         # equal FLOPs the first order's plan answers, under the default lowering;
         # once a walk met a limit, only columns of its rank (the other algorithms
-        # on its order and lowering) are walked for less recompute, and after a
-        # gated answer the same column's plans under the conditional (which
-        # keeps fewer bytes, so its walk may meet higher up). "optimal" on the other
+        # on its order and lowering) are walked for less recompute, and the same
+        # column's plans under the other lowering (XLA may read them lower, so
+        # their walk may meet higher up). "optimal" on the other
         # orders comes after them (each rung a solve of up to seconds): it only
         # takes limits no other column meets. The order as XLA fused has a
         # frontier of its own (_fused_frontier).
@@ -183,14 +184,16 @@ class Planner:
         # first order is followed by its plans under the other one: tried before
         # the next algorithm, as the lowering's extra bytes (the gate's copies of
         # the inputs; a branch's copies of inputs XLA laid out transposed), not
-        # the plan, are what usually misses a tight limit.
+        # the plan, are what usually misses a tight limit (walked after an answer:
+        # see _relowered).
         fallback = platform and fallback_strategy(platform, program.flat.jaxpr)
         if fallback == "gate" and _spread(program):
             fallback = None    # partitioned, gated plans read as the plain program
         if fallback is not None:
             first = len(self.algorithms())
             columns = [*(c for col in columns[:first]
-                         for c in (col, _relowered(col, fallback))), *columns[first:]]
+                         for c in (col, _relowered(col, fallback, lambda: self.frontier.points))),
+                       *columns[first:]]
         final = not program.measures_in_part
         plain = Point((), self.plain.total, 0.0, "plain",
                       Measured(planned_nothing, program.flat,
@@ -425,13 +428,28 @@ def _spread(program: Program) -> bool:
     return any(len(getattr(s, "device_set", ())) > 1 for s in program.in_shardings)
 
 
-def _relowered(column: Column, lowering: str) -> Column:
+class _WhileGatedReadsLower:
+    """The ranks a gated column is walked after: its default column's
+    (``rank``), while every plan of the program compiled both gated and in a
+    conditional (among ``points()``, the frontier's) was read lower gated. The gate reads lower
+    where a branch copies inputs XLA laid out otherwise, higher where its own
+    gated copies weigh more; the first gated walk after an answer decides."""
+
+    def __init__(self, rank: int, points: Callable[[], dict]):
+        self.rank, self.points = rank, points
+
+    def __contains__(self, rank: object) -> bool:
+        points = self.points()
+        return rank == self.rank and all(
+            p.footprint < points[key[1]].footprint for key, p in points.items()
+            if key[:1] == ("gate",) and key[1] in points)
+
+
+def _relowered(column: Column, lowering: str, points: Callable[[], dict]) -> Column:
     """``column``'s plans, their regions lowered with ``lowering``: the same
-    targets and plans (a column plans each target once), other compiled points.
-    Walked for less recompute after an answer of ``column``'s rank only under
-    the conditional, which keeps fewer bytes than the gate's copies; the gate,
-    read lower only where a branch would copy inputs, only while no plan is
-    known within the limit."""
+    targets and plans (a column plans each target once), other compiled points. Walked for less recompute after an answer of
+    ``column``'s rank: always under the conditional, which keeps fewer bytes
+    than the gate's copies; gated, :class:`_WhileGatedReadsLower`."""
     def plan(target: int) -> Candidate:
         cand = column.plan(target)
         result, small, _ = cand.payload
@@ -439,8 +457,9 @@ def _relowered(column: Column, lowering: str) -> Column:
                                    payload=(result, small, lowering))
 
     return dataclasses.replace(column, name=f"{column.name} ({lowering})", plan=plan,
-                               rank=column.rank + 1, walked_after=frozenset(
-                                   {column.rank} if lowering == "cond" else ()))
+                               rank=column.rank + 1, walked_after=(
+                                   frozenset({column.rank}) if lowering == "cond"
+                                   else _WhileGatedReadsLower(column.rank, points)))
 
 
 _PLANNERS: collections.OrderedDict[Any, Planner] = collections.OrderedDict()

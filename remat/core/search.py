@@ -105,7 +105,7 @@ import bisect
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Container, Hashable, Sequence
 from typing import Any
 
 __all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MIN_SAVING", "MAX_COMPILES", "Candidate",
@@ -204,7 +204,7 @@ class Column:
     plan: Callable[[int], Candidate]
     rank: int = 0
     plans_quickly: bool = True
-    walked_after: frozenset[int] = frozenset()
+    walked_after: Container[int] = frozenset()
 
 
 def rungs(floor: int, peak: int, count: int = RUNGS, fine: int = FINE_RUNGS

@@ -90,3 +90,17 @@ def test_each_first_order_column_has_its_plans_under_the_other_lowering():
         assert first and sorted(n for n in names if n.endswith(f"/order 0 ({other})")) == [
             f"{n} ({other})" for n in first]
         assert not any(n.endswith(")") and "order 0" not in n for n in names)
+
+
+def test_gated_plans_are_walked_after_an_answer_while_xla_reads_them_lower():
+    from remat._jax.planner import _WhileGatedReadsLower
+    from remat.core.search import Point
+    points = {}
+    follows = _WhileGatedReadsLower(0, lambda: points)
+    assert 0 in follows and 2 not in follows       # nothing compiled gated: a probe
+    plan = (("region",),)
+    points[plan] = Point(plan, 100, 5.0, "path/order 0")
+    points["gate", plan] = Point(("gate", plan), 90, 5.0, "path/order 0 (gate)")
+    assert 0 in follows                             # read lower gated
+    points["gate", plan] = Point(("gate", plan), 110, 5.0, "path/order 0 (gate)")
+    assert 0 not in follows                         # read higher: no more walks
