@@ -191,8 +191,9 @@ class Planner:
             fallback = None    # partitioned, gated plans read as the plain program
         if fallback is not None:
             first = len(self.algorithms())
+            points = lambda: self.frontier.points     # (made below)
             columns = [*(c for col in columns[:first]
-                         for c in (col, _relowered(col, fallback, lambda: self.frontier.points))),
+                         for c in (col, _relowered(col, fallback, points))),
                        *columns[first:]]
         final = not program.measures_in_part
         plain = Point((), self.plain.total, 0.0, "plain",
@@ -431,9 +432,10 @@ def _spread(program: Program) -> bool:
 class _WhileGatedReadsLower:
     """The ranks a gated column is walked after: its default column's
     (``rank``), while every plan of the program compiled both gated and in a
-    conditional (among ``points()``, the frontier's) was read lower gated. The gate reads lower
-    where a branch copies inputs XLA laid out otherwise, higher where its own
-    gated copies weigh more; the first gated walk after an answer decides."""
+    conditional (among ``points()``, the frontier's) was read lower gated. The
+    gate reads lower where a branch copies inputs XLA laid out otherwise, higher
+    where its own gated copies weigh more; the first gated walk after an answer
+    decides."""
 
     def __init__(self, rank: int, points: Callable[[], dict]):
         self.rank, self.points = rank, points
@@ -447,9 +449,10 @@ class _WhileGatedReadsLower:
 
 def _relowered(column: Column, lowering: str, points: Callable[[], dict]) -> Column:
     """``column``'s plans, their regions lowered with ``lowering``: the same
-    targets and plans (a column plans each target once), other compiled points. Walked for less recompute after an answer of
-    ``column``'s rank: always under the conditional, which keeps fewer bytes
-    than the gate's copies; gated, :class:`_WhileGatedReadsLower`."""
+    targets and plans (a column plans each target once), other compiled points.
+    Walked for less recompute after an answer of ``column``'s rank: always under
+    the conditional, which keeps fewer bytes than the gate's copies; gated,
+    :class:`_WhileGatedReadsLower`."""
     def plan(target: int) -> Candidate:
         cand = column.plan(target)
         result, small, _ = cand.payload
