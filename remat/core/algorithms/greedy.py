@@ -16,25 +16,41 @@ needs it) and keeps the cheaper plan that meets the limit
 A plan whose regions cannot be realized ends its run, which keeps the best plan
 it had.
 
+Exchanges (:func:`plan_exchanged`, for ``standard``): the greedy
+never takes back a dear drop that later drops made unneeded unless nothing
+replaces it; planning again with that drop's op banned lets the sweep free the
+bytes elsewhere, kept only where it meets the limit for less recompute. A sweep
+with ops banned replays the prefix of the unbanned one up to its first drop
+through a banned op (``sweep.py``), so an exchange costs the rest of a sweep.
+
 Cost of an op: ``flops + 10 * transcendentals`` (``cost.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from ..evaluate import evaluate
 from ..options import RematOptions
 from ..plan import PlanError
 from ..scheduled import Scheduled
+from .cost import op_cost
 from .estimate import Drop, Estimate
-from .result import PlanResult, best_of, consolidated
+from .result import (PlanResult, best_of, cheapest_consolidated_at, consolidated,
+                     least_flops, small_node_variants, tagged)
 from .sweep import Strategy, swept
 
-__all__ = ["run_greedy", "give_back"]
+__all__ = ["run_greedy", "give_back", "plan_exchanged", "cheapest_greedy"]
 
 #: Times the engine re-aims when the real simulation misses the estimate.
 _REAIM = 4
+#: The least share of a plan's extra FLOPs the ops an exchange bans must cost
+#: for it to be tried. Banning ops saves about their cost at most (the bytes
+#: they freed are freed another way, at some cost), and the automatic pass does
+#: not compile a plan for a smaller saving than this share
+#: (:data:`remat.core.search.MIN_SAVING`, the same figure).
+EXCHANGE_SHARE = 0.05
 
 
 def give_back(est: Estimate, target: int) -> list[Drop]:
@@ -51,6 +67,81 @@ def give_back(est: Estimate, target: int) -> list[Drop]:
         else:
             est.apply(d, sign=1)
     return kept
+
+
+def plan_exchanged(scheduled: Scheduled, options: RematOptions,
+                   starts: Sequence[Strategy]) -> PlanResult:
+    """:func:`cheapest_greedy`'s plan improved by exchanges on the settings
+    that planned it (start, small-node variant, segment mode): while
+    the plan meets the limit, plan again with its dearest recomputed op banned
+    too (first with every op like it, same label and cost: a layer's op
+    repeated), and keep that plan if it meets the limit with less recompute;
+    stop at the first that does not.
+
+    A sweep takes, at each peak step, the drop that frees most per cost; a dear
+    drop taken early stays paid for when later drops would free the same bytes
+    (give-back returns a drop only where nothing else is needed in its place);
+    banned, its op leaves the sweep to free those bytes another way. Never
+    recomputes more than :func:`cheapest_greedy`'s plan."""
+    best, settings = cheapest_greedy(scheduled, options, starts)
+    if settings is None:
+        return best
+    opts, start, merge = settings
+    graph, banned = scheduled.graph, frozenset()
+
+    def kind(o: int) -> tuple[str, float]:
+        return graph.ops[o].label, op_cost(graph, o)
+    while True:
+        recomputed = {o for region in best.regions for o in region.recompute} - banned
+        if not recomputed:
+            return best
+        dearest = max(sorted(recomputed), key=lambda o: op_cost(graph, o))
+        alike = frozenset(o for o in recomputed if kind(o) == kind(dearest))
+        bans = [b for b in ([alike, frozenset({dearest})] if len(alike) > 1 else [alike])
+                if sum(graph.ops[o].flops for o in b) >= EXCHANGE_SHARE * best.extra_flops]
+        for ban in bans:
+            trial = _run(scheduled, opts, [dataclasses.replace(start, banned=banned | ban)],
+                         give_back, merge)
+            # merging regions leaves each op recomputed at least once: a plan
+            # whose ops, once each, cost as much as the best is not consolidated
+            if (trial is not None and trial.met
+                    and least_flops(graph, trial) < best.extra_flops):
+                trial = consolidated(scheduled, trial, trial.limit_bytes)
+                if trial.extra_flops < best.extra_flops:
+                    best, banned = tagged(trial, opts), banned | ban
+                    break
+        else:
+            return best
+
+
+def cheapest_greedy(scheduled: Scheduled, options: RematOptions,
+                    starts: Sequence[Strategy]
+                    ) -> tuple[PlanResult, tuple[RematOptions, Strategy, bool] | None]:
+    """:func:`run_greedy` from each of ``starts`` under each of
+    :func:`~remat.core.algorithms.result.small_node_variants` (the variant under
+    no small-node limit first: the others' sweeps may replay its own, sweep.py),
+    the cheapest once consolidated (:func:`cheapest_consolidated_at`); with the
+    settings that planned it, its segment mode last (None if no plan meets the
+    limit)."""
+    variants = small_node_variants(options)
+    settings = [(opts, start) for opts in variants for start in starts]
+    planned: dict[int, tuple[PlanResult, bool]] = {}
+    for i in sorted(range(len(settings)), key=lambda i: -variants.index(settings[i][0])):
+        opts, start = settings[i]
+        ways = {merge: r for merge in (False, True)
+                if (r := _run(scheduled, opts, [start], give_back, merge))}
+        if not ways:    # no realizable plan: the program as written, limit not met
+            rw, tl = evaluate(scheduled, [])
+            planned[i] = PlanResult((), rw, tl, scheduled.timeline,
+                                    options.model_target_bytes), False
+            continue
+        result = best_of(list(ways.values()))
+        planned[i] = tagged(result, opts), next(m for m, r in ways.items() if r is result)
+    best, index = cheapest_consolidated_at(scheduled, [planned[i][0]
+                                                       for i in range(len(settings))])
+    if index is None:
+        return best, None
+    return best, (*settings[index], planned[index][1])
 
 
 def run_greedy(scheduled: Scheduled, options: RematOptions,

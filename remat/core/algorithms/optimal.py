@@ -65,11 +65,12 @@ from ..evaluate import evaluate
 from ..options import RematOptions
 from ..plan import PlanError, Region
 from ..scheduled import Scheduled
+from .greedy import cheapest_greedy
 from .optimal_candidates import candidates
 from .optimal_program import Program
 from .path import plan_path
 from .result import PlanResult
-from .standard import plan_standard
+from .standard import STANDARD, STANDARD_WIDE, plan_standard
 
 __all__ = ["plan_optimal"]
 
@@ -93,7 +94,10 @@ def plan_optimal(scheduled: Scheduled, options: RematOptions,
     limit = options.model_target_bytes
     clock = time.perf_counter()
     graph, baseline = scheduled.graph, scheduled.timeline
-    heuristics = [heuristic(scheduled, options) for heuristic in (plan_path, plan_standard)]
+    # seeds: the greedy's plans before exchanges (the solver's own candidates
+    # hold what an exchange finds); the exchanged plan is a heuristic's too
+    heuristics = [plan_path(scheduled, options),
+                  cheapest_greedy(scheduled, options, (STANDARD, STANDARD_WIDE))[0]]
     seeds = [r for h in heuristics for r in h.regions]
     cands = candidates(scheduled, options, seeds)
     program = Program(baseline, cands)
@@ -196,7 +200,7 @@ def plan_optimal(scheduled: Scheduled, options: RematOptions,
         say("remat optimal: limit %d bytes out of reach (%s); least peak %s %d",
             limit, best.status, "found" if res is not None else "not searched (no time "
             "left), the plain program's", tl.peak_bytes)
-    known = [h for h in heuristics if h.met]
+    known = [h for h in (*heuristics, plan_standard(scheduled, options)) if h.met]
     if known:
         cheapest = min(known, key=lambda h: h.extra_flops)
         if not best.met or cheapest.extra_flops < best.extra_flops:

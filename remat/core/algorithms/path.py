@@ -17,10 +17,10 @@ With a small-node limit the user did not set, it plans under none as well
 from __future__ import annotations
 
 from ..options import RematOptions
-from .greedy import give_back, run_greedy
+from .greedy import cheapest_greedy
 from ..scheduled import Scheduled
 from .recomputable import recomputable
-from .result import PlanResult, cheapest_consolidated, per_small_node_variant
+from .result import PlanResult
 from .sweep import Strategy
 
 __all__ = ["plan_path"]
@@ -28,6 +28,5 @@ __all__ = ["plan_path"]
 
 def plan_path(scheduled: Scheduled, options: RematOptions) -> PlanResult:
     """Plans with the ``"path"`` algorithm (see the module docstring)."""
-    whole_paths = Strategy(allows=recomputable, start_depth=options.max_chain_ops)
-    return cheapest_consolidated(scheduled, per_small_node_variant(options, lambda opts: [
-        run_greedy(scheduled, opts, [whole_paths], keep=give_back, consolidate=False)]))
+    return cheapest_greedy(scheduled, options, [
+        Strategy(allows=recomputable, start_depth=options.max_chain_ops)])[0]

@@ -18,8 +18,9 @@ the cheapest consolidated one.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from ..graph import Graph
 from ..options import RematOptions
 from ..plan import Region, Rewritten
 from ..scheduled import Scheduled
@@ -27,7 +28,8 @@ from ..simulate import Timeline
 from .consolidate import merge_regions_simulated
 
 __all__ = ["PlanResult", "best_of", "consolidated", "cheapest_consolidated",
-           "per_small_node_variant", "small_node_variants", "tagged"]
+           "cheapest_consolidated_at", "least_flops",
+           "small_node_variants", "tagged"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,30 +95,38 @@ def best_of(results: Sequence[PlanResult]) -> PlanResult:
 
 def cheapest_consolidated(scheduled: Scheduled,
                           results: Sequence[PlanResult]) -> PlanResult:
+    """:func:`cheapest_consolidated_at`'s plan."""
+    return cheapest_consolidated_at(scheduled, results)[0]
+
+
+def cheapest_consolidated_at(scheduled: Scheduled, results: Sequence[PlanResult]
+                             ) -> tuple[PlanResult, int | None]:
     """:func:`best_of` ``results`` once each that meets its limit is
     :func:`consolidated` within it, consolidating only those that can still win.
     Merging regions leaves each op they recompute recomputed at least once, so
     a plan whose recomputed ops, each counted once, cost more than the cheapest
     consolidated plan so far cannot beat it, and is not consolidated (each merge
-    trial simulates the whole program)."""
+    trial simulates the whole program). Returns it and its index in ``results``
+    (None where none meets its limit)."""
     met = [i for i, r in enumerate(results) if r.met]
     if not met:
-        return best_of(results)
-    ops = scheduled.graph.ops
-
-    def least_flops(result: PlanResult) -> float:
-        recomputed = set().union(*(r.recompute for r in result.regions))
-        return sum(ops[o].flops for o in recomputed)
-
+        return best_of(results), None
     best, best_index = None, -1
-    for bound, i in sorted((least_flops(results[i]), i) for i in met):
+    for bound, i in sorted((least_flops(scheduled.graph, results[i]), i) for i in met):
         if best is not None and bound * (1 - 1e-9) > best.extra_flops:
             continue
         merged = consolidated(scheduled, results[i], results[i].limit_bytes)
         # the first of equally cheap plans wins, as in best_of
         if best is None or (merged.extra_flops, i) < (best.extra_flops, best_index):
             best, best_index = merged, i
-    return best
+    return best, best_index
+
+
+def least_flops(graph: Graph, result: PlanResult) -> float:
+    """The FLOPs of the ops ``result`` recomputes, each counted once: the least
+    any merging of its regions can recompute."""
+    recomputed = set().union(*(r.recompute for r in result.regions))
+    return sum(graph.ops[o].flops for o in recomputed)
 
 
 def consolidated(scheduled: Scheduled, result: PlanResult, within: int) -> PlanResult:
@@ -134,18 +144,6 @@ def consolidated(scheduled: Scheduled, result: PlanResult, within: int) -> PlanR
         return result
     rw, tl = simulated
     return dataclasses.replace(result, regions=tuple(rw.regions), rewritten=rw, timeline=tl)
-
-
-def per_small_node_variant(options: RematOptions,
-                           plan: Callable[[RematOptions], list[PlanResult]]
-                           ) -> list[PlanResult]:
-    """``plan``'s results under each of :func:`small_node_variants` in turn,
-    :func:`tagged`. The variant under no small-node limit is planned first: where
-    its sweeps drop no value under the other's limit, the other's sweeps replay
-    them instead of sweeping again (:mod:`~remat.core.algorithms.sweep`)."""
-    variants = small_node_variants(options)
-    planned = [[tagged(r, opts) for r in plan(opts)] for opts in reversed(variants)]
-    return [r for results in reversed(planned) for r in results]
 
 
 def tagged(result: PlanResult, options: RematOptions) -> PlanResult:

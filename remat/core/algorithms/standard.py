@@ -13,6 +13,8 @@ growing block size). Unlike XLA's pass:
   rebuilt, so the greedy takes the expensive operand instead (a convolution's
   output rather than the ReLU after it), at many times the least recompute;
 * regions that rebuild the same ops are merged where the limit allows;
+* exchanges: the plan again with its dearest recomputed op banned, kept while it
+  meets the limit for less (:func:`~remat.core.algorithms.greedy.plan_exchanged`);
 * with a small-node limit the user did not set, it plans under none as well
   (:func:`~remat.core.algorithms.result.small_node_variants`).
 """
@@ -21,9 +23,9 @@ from __future__ import annotations
 
 from ..options import RematOptions
 from ..scheduled import Scheduled
-from .greedy import give_back, run_greedy
+from .greedy import plan_exchanged
 from .recomputable import recomputable
-from .result import PlanResult, cheapest_consolidated, per_small_node_variant
+from .result import PlanResult
 from .sweep import Strategy
 
 __all__ = ["plan_standard", "STANDARD"]
@@ -36,6 +38,4 @@ STANDARD_WIDE = Strategy(allows=recomputable, start_depth=8)
 
 def plan_standard(scheduled: Scheduled, options: RematOptions) -> PlanResult:
     """Plans with the ``"standard"`` algorithm (see the module docstring)."""
-    return cheapest_consolidated(scheduled, per_small_node_variant(options, lambda opts: [
-        run_greedy(scheduled, opts, [start], keep=give_back, consolidate=False)
-        for start in (STANDARD, STANDARD_WIDE)]))
+    return plan_exchanged(scheduled, options, (STANDARD, STANDARD_WIDE))

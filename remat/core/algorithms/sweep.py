@@ -52,11 +52,14 @@ class Strategy:
       allows: ``(graph, op_id) -> bool``: whether an op may be recomputed.
       start_depth: the longest chain to start with.
       grow: whether chains may grow up to ``options.max_chain_ops`` when stuck.
+      banned: ops never recomputed, whatever ``allows`` says (an exchange's:
+        :func:`~remat.core.algorithms.greedy.exchanged`).
     """
 
     allows: Callable[[Graph, int], bool]
     start_depth: int = 1
     grow: bool = True
+    banned: frozenset[int] = frozenset()
 
 
 def _drop_for(est: Estimate, v: int, peak: int, depth: int, chains: "_Chains"
@@ -203,13 +206,15 @@ class Trajectory:
     target, which only says when to stop; so a sweep for any target is a prefix of
     one trajectory, and the planners (re-aiming, attempts at other targets) replay
     it instead of sweeping again. ``peaks[k]`` is the estimated peak after the
-    first ``k`` drops; ``depth`` the chain length reached; ``exhausted`` whether
-    the sweep ended with nothing left to drop."""
+    first ``k`` drops; ``depth`` the chain length reached; ``grown`` the drops
+    taken when each time the chains grew; ``exhausted`` whether the sweep ended
+    with nothing left to drop."""
 
     drops: list[Drop] = dataclasses.field(default_factory=list)
     peaks: list[int] = dataclasses.field(default_factory=list)
     depth: int = 1
     exhausted: bool = False
+    grown: list[int] = dataclasses.field(default_factory=list)
 
 
 def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy,
@@ -220,8 +225,8 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy,
     graph = est.graph
     inputs, outputs = set(graph.inputs), set(graph.outputs)
     depth = strategy.start_depth if trajectory is None else trajectory.depth
-    chains = _Chains(est, [strategy.allows(graph, o) for o in range(graph.num_ops)],
-                     inputs)
+    chains = _Chains(est, [o not in strategy.banned and strategy.allows(graph, o)
+                           for o in range(graph.num_ops)], inputs)
     bounds = [0.0 if value.producer is None else
               value.nbytes / (op_cost(graph, value.producer) + 1.0)
               for value in graph.values]
@@ -263,6 +268,7 @@ def sweep(est: Estimate, target: int, options: RematOptions, strategy: Strategy,
             depth = min(2 * depth, options.max_chain_ops)
             if trajectory is not None:
                 trajectory.depth = depth
+                trajectory.grown.append(len(trajectory.drops))
 
 
 def swept(scheduled: Scheduled, merge_segments: bool, target: int,
@@ -281,8 +287,9 @@ def swept(scheduled: Scheduled, merge_segments: bool, target: int,
         key = (tuple(phases[:n + 1]), merge_segments, options.small_node_bytes,
                options.max_chain_ops)
         if key not in known:
-            known[key] = _shared(known, key, scheduled.graph) or Trajectory(
-                depth=strategy.start_depth)
+            known[key] = (_shared(known, key, scheduled.graph)
+                          or _before_banned(known, key, options.max_chain_ops)
+                          or Trajectory(depth=strategy.start_depth))
         trajectory = known[key]
         for k, drop in enumerate(trajectory.drops):
             if trajectory.peaks[k] <= target:
@@ -313,8 +320,37 @@ def _shared(known: dict, key: tuple, graph: Graph) -> Trajectory | None:
                 and all(known.get((phases[:m], merge, small, max_chain)) ==
                         known.get((phases[:m], merge, other_small, max_chain))
                         for m in range(1, len(phases)))):
-            return Trajectory(list(t.drops), list(t.peaks), t.depth, t.exhausted)
+            return Trajectory(list(t.drops), list(t.peaks), t.depth, t.exhausted,
+                              list(t.grown))
     return None
+
+
+def _before_banned(known: dict, key: tuple, max_chain: int) -> Trajectory | None:
+    """The longest prefix of a known single-phase trajectory that banned fewer
+    ops, where it serves ``key``'s: up to its first drop whose chain holds an op
+    ``key``'s strategy bans. Each step takes the first drop, best first, that
+    does not raise the peak elsewhere; banning ops takes candidates away, never
+    adds any, so the drop taken stays the first while it holds no banned op (and
+    chains grow where they grew: no drop of fewer ops was found, with more
+    candidates). None where no such trajectory serves more than its start."""
+    phases, merge, small, chain_ops = key
+    if len(phases) != 1 or not phases[0].banned:
+        return None
+    best: Trajectory | None = None
+    for (other, other_merge, other_small, other_chain), t in known.items():
+        if (len(other) != 1 or (other_merge, other_small, other_chain) != (
+                merge, small, chain_ops) or not other[0].banned < phases[0].banned
+                or dataclasses.replace(other[0], banned=phases[0].banned) != phases[0]):
+            continue
+        new = phases[0].banned - other[0].banned
+        n = next((k for k, d in enumerate(t.drops) if new.intersection(d.chain)),
+                 len(t.drops))
+        if n and (best is None or n > len(best.drops)):
+            grown = [c for c in t.grown if c < n]
+            depth = min(phases[0].start_depth * 2 ** len(grown), max_chain)
+            best = Trajectory(list(t.drops[:n]), list(t.peaks[:n + 1]), depth,
+                              t.exhausted and n == len(t.drops), grown)
+    return best
 
 
 def _first_kept(est: Estimate, drops: list[Drop], peak_bytes: int) -> Drop | None:
