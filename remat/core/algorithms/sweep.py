@@ -53,7 +53,7 @@ class Strategy:
       start_depth: the longest chain to start with.
       grow: whether chains may grow up to ``options.max_chain_ops`` when stuck.
       banned: ops never recomputed, whatever ``allows`` says (an exchange's:
-        :func:`~remat.core.algorithms.greedy.exchanged`).
+        :func:`~remat.core.algorithms.greedy.plan_exchanged`).
     """
 
     allows: Callable[[Graph, int], bool]
@@ -206,8 +206,8 @@ class Trajectory:
     target, which only says when to stop; so a sweep for any target is a prefix of
     one trajectory, and the planners (re-aiming, attempts at other targets) replay
     it instead of sweeping again. ``peaks[k]`` is the estimated peak after the
-    first ``k`` drops; ``depth`` the chain length reached; ``grown`` the drops
-    taken when each time the chains grew; ``exhausted`` whether the sweep ended
+    first ``k`` drops; ``depth`` the chain length reached; ``grown`` how many
+    drops were taken each time the chains grew; ``exhausted`` whether the sweep ended
     with nothing left to drop."""
 
     drops: list[Drop] = dataclasses.field(default_factory=list)
