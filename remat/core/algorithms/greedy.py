@@ -70,48 +70,78 @@ def give_back(est: Estimate, target: int) -> list[Drop]:
 
 
 def plan_exchanged(scheduled: Scheduled, options: RematOptions,
-                   starts: Sequence[Strategy]) -> PlanResult:
+                   starts: Sequence[Strategy], base: tuple | None = None) -> PlanResult:
     """:func:`cheapest_greedy`'s plan improved by exchanges on the settings
     that planned it (start, small-node variant, segment mode): while
     the plan meets the limit, plan again with its dearest recomputed op banned
     too (first with every op like it, same label and cost: a layer's op
-    repeated), and keep that plan if it meets the limit with less recompute;
-    stop at the first that does not.
+    repeated; then alone), and keep that plan if it meets the limit with less
+    recompute. Where no ban pays, the ops like the dearest of the last round a
+    single ban paid are banned in its place, each from that round's plan, and the
+    cheapest plan that beats the current one goes on from there (the first
+    exchange that pays can lead where none pays after it, and another further).
 
     A sweep takes, at each peak step, the drop that frees most per cost; a dear
     drop taken early stays paid for when later drops would free the same bytes
     (give-back returns a drop only where nothing else is needed in its place);
     banned, its op leaves the sweep to free those bytes another way. Never
-    recomputes more than :func:`cheapest_greedy`'s plan."""
-    best, settings = cheapest_greedy(scheduled, options, starts)
+    recomputes more than :func:`cheapest_greedy`'s plan. ``base``: what
+    :func:`cheapest_greedy` returned for these arguments, if the caller has it."""
+    best, settings = base or cheapest_greedy(scheduled, options, starts)
     if settings is None:
         return best
     opts, start, merge = settings
-    graph, banned = scheduled.graph, frozenset()
+    graph = scheduled.graph
+    tried: dict[frozenset, PlanResult | None] = {}   # by the ops banned
 
-    def kind(o: int) -> tuple[str, float]:
-        return graph.ops[o].label, op_cost(graph, o)
+    def improved(banned: frozenset, bans, bound: PlanResult, first: bool):
+        """The cheapest plan (the first, with ``first``) under the limit for
+        less than ``bound``, banning ``banned`` and one of ``bans``; with the
+        bans after it."""
+        found = None
+        for k, ban in enumerate(bans):
+            if sum(graph.ops[o].flops for o in ban) < EXCHANGE_SHARE * bound.extra_flops:
+                continue
+            if banned | ban not in tried:
+                tried[banned | ban] = _run(
+                    scheduled, opts, [dataclasses.replace(start, banned=banned | ban)],
+                    give_back, merge)
+            trial = tried[banned | ban]
+            cap = bound if found is None else found[0]
+            # merging regions leaves each op recomputed at least once: a plan
+            # whose ops, once each, cost as much as the cap is not consolidated
+            if (trial is not None and trial.met
+                    and least_flops(graph, trial) < cap.extra_flops):
+                trial = consolidated(scheduled, trial, trial.limit_bytes)
+                if trial.extra_flops < cap.extra_flops:
+                    found = tagged(trial, opts), banned | ban, bans[k + 1:]
+                    if first:
+                        return found
+        return found
+
+    banned, last = frozenset(), None    # last: the round that paid (its bans left)
     while True:
         recomputed = {o for region in best.regions for o in region.recompute} - banned
-        if not recomputed:
+        found = None
+        if recomputed:
+            dearest = max(sorted(recomputed), key=lambda o: op_cost(graph, o))
+            alike = sorted(o for o in recomputed if _kind(graph, o) == _kind(graph, dearest))
+            found = improved(banned, [frozenset(alike)], best, True)
+            if found is None and len(alike) > 1:
+                others = [frozenset({o}) for o in alike if o != dearest]
+                found = improved(banned, [frozenset({dearest})], best, True)
+                if found is not None:
+                    last = banned, others
+        if found is None and last is not None:      # stalled: the round that paid, again
+            found, last = improved(last[0], last[1], best, False), None
+        if found is None:
             return best
-        dearest = max(sorted(recomputed), key=lambda o: op_cost(graph, o))
-        alike = frozenset(o for o in recomputed if kind(o) == kind(dearest))
-        bans = [b for b in ([alike, frozenset({dearest})] if len(alike) > 1 else [alike])
-                if sum(graph.ops[o].flops for o in b) >= EXCHANGE_SHARE * best.extra_flops]
-        for ban in bans:
-            trial = _run(scheduled, opts, [dataclasses.replace(start, banned=banned | ban)],
-                         give_back, merge)
-            # merging regions leaves each op recomputed at least once: a plan
-            # whose ops, once each, cost as much as the best is not consolidated
-            if (trial is not None and trial.met
-                    and least_flops(graph, trial) < best.extra_flops):
-                trial = consolidated(scheduled, trial, trial.limit_bytes)
-                if trial.extra_flops < best.extra_flops:
-                    best, banned = tagged(trial, opts), banned | ban
-                    break
-        else:
-            return best
+        best, banned = found[0], found[1]
+
+
+def _kind(graph, o: int) -> tuple[str, float]:
+    """What makes ops alike for an exchange: their label and cost."""
+    return graph.ops[o].label, op_cost(graph, o)
 
 
 def cheapest_greedy(scheduled: Scheduled, options: RematOptions,

@@ -65,12 +65,12 @@ from ..evaluate import evaluate
 from ..options import RematOptions
 from ..plan import PlanError, Region
 from ..scheduled import Scheduled
-from .greedy import cheapest_greedy
+from .greedy import cheapest_greedy, plan_exchanged
 from .optimal_candidates import candidates
 from .optimal_program import Program
 from .path import plan_path
 from .result import PlanResult
-from .standard import STANDARD, STANDARD_WIDE, plan_standard
+from .standard import STANDARD, STANDARD_WIDE
 
 __all__ = ["plan_optimal"]
 
@@ -96,8 +96,9 @@ def plan_optimal(scheduled: Scheduled, options: RematOptions,
     graph, baseline = scheduled.graph, scheduled.timeline
     # seeds: the greedy's plans before exchanges (the solver's own candidates
     # hold what an exchange finds); the exchanged plan is a heuristic's too
-    heuristics = [plan_path(scheduled, options),
-                  cheapest_greedy(scheduled, options, (STANDARD, STANDARD_WIDE))[0]]
+    starts = (STANDARD, STANDARD_WIDE)
+    greedy = cheapest_greedy(scheduled, options, starts)
+    heuristics = [plan_path(scheduled, options), greedy[0]]
     seeds = [r for h in heuristics for r in h.regions]
     cands = candidates(scheduled, options, seeds)
     program = Program(baseline, cands)
@@ -200,7 +201,8 @@ def plan_optimal(scheduled: Scheduled, options: RematOptions,
         say("remat optimal: limit %d bytes out of reach (%s); least peak %s %d",
             limit, best.status, "found" if res is not None else "not searched (no time "
             "left), the plain program's", tl.peak_bytes)
-    known = [h for h in (*heuristics, plan_standard(scheduled, options)) if h.met]
+    exchanged = plan_exchanged(scheduled, options, starts, greedy)     # = plan_standard's
+    known = [h for h in (*heuristics, exchanged) if h.met]
     if known:
         cheapest = min(known, key=lambda h: h.extra_flops)
         if not best.met or cheapest.extra_flops < best.extra_flops:
