@@ -142,3 +142,22 @@ def sharding_proto(sharding, ndim: int):
     if jax.config.jax_use_shardy_partitioner:
         return sharding._to_sdy_sharding(ndim)
     return sharding._to_xla_hlo_sharding(ndim).to_proto()
+
+
+def traced_as(template, closed):
+    """``template`` (what ``jax.jit(f).trace(...)`` returned) with ``closed`` as its
+    program: lowering it skips the trace of ``closed`` equation by equation
+    (``jaxpr_as_fun``), which on a program of thousands of equations costs about
+    as much as the lowering. None where ``closed`` does not take and return what
+    the template's program does, or the template passes constants as arguments:
+    trace it then."""
+    from jax._src.stages import Traced
+    params = template._params
+    jaxpr = params["jaxpr"]
+    if (template._consts or jaxpr.in_avals != closed.in_avals
+            or jaxpr.out_avals != closed.out_avals or jaxpr.effects != closed.effects):
+        return None
+    program = core.ClosedJaxpr(closed.jaxpr.replace(debug_info=jaxpr.jaxpr.debug_info),
+                               closed.consts)
+    return Traced(template._meta_tys_flat, {**params, "jaxpr": program},
+                  template._in_tree, template.out_tree, template._consts)

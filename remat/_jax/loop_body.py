@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -45,6 +46,7 @@ class BodyProgram(Program):
     (``flat`` and ``graph`` are the body's)."""
     outer: Program | None = None
     index: int = -1
+    _outer_as: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, outer: Program, index: int) -> "BodyProgram":
@@ -66,12 +68,17 @@ class BodyProgram(Program):
         return core.ClosedJaxpr(flat.jaxpr.replace(eqns=eqns), flat.consts)
 
     def function(self, closed: core.ClosedJaxpr) -> Callable:
-        whole = dataclasses.replace(self.outer, jit_kwargs=self.jit_kwargs)
-        return whole.function(self.in_outer(closed))
+        return self._whole().function(self.in_outer(closed))
 
     def lower(self, closed: core.ClosedJaxpr):     # (the outer may be a body too)
-        whole = dataclasses.replace(self.outer, jit_kwargs=self.jit_kwargs)
-        return whole.lower(self.in_outer(closed))
+        return self._whole().lower(self.in_outer(closed))
+
+    def _whole(self) -> Program:
+        """The outer program compiled with this one's ``jit_kwargs`` (one per
+        ``jit_kwargs``: its lowerings share one trace, see ``Program.lower``)."""
+        if self._outer_as is None or self._outer_as.jit_kwargs is not self.jit_kwargs:
+            self._outer_as = dataclasses.replace(self.outer, jit_kwargs=self.jit_kwargs)
+        return self._outer_as
 
     @property
     def length(self) -> int:

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from remat._jax.checkpoint import changed_argument
-from remat._jax.compat import core
+from remat._jax.compat import core, traced_as
 from remat._jax.inline import has_regions, inline_calls
 from remat._jax.shard_map_split import split_shard_maps
 from remat._jax.sharding import program_sizes
@@ -312,6 +312,8 @@ class Program:
     key: Any
     in_shardings: tuple = ()
     as_written: core.ClosedJaxpr | None = None
+    # (jit_kwargs, jax.jit's trace of flat): see lower
+    _template: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def rewritten(self, closed: core.ClosedJaxpr, tag: Any) -> "Program":
         """This program with ``closed`` (a rewrite of ``flat`` with the same inputs
@@ -348,8 +350,16 @@ class Program:
         return jax.jit(run, donate_argnums=self.donated, **placed, **self.jit_kwargs)
 
     def lower(self, closed: core.ClosedJaxpr):
-        """``closed`` lowered for the program's abstract inputs."""
-        return self.function(closed).lower(*self.specs)
+        """``closed`` lowered for the program's abstract inputs: through a trace of
+        ``flat`` made once (per ``jit_kwargs``) where ``closed`` takes and returns
+        what ``flat`` does (:func:`~remat._jax.compat.traced_as`), else traced."""
+        if self._template is None or self._template[0] is not self.jit_kwargs:
+            self._template = (self.jit_kwargs,
+                              self.function(self.flat).trace(*self.specs))
+        traced = traced_as(self._template[1], closed)
+        if traced is None:
+            return self.function(closed).lower(*self.specs)
+        return traced.lower()
 
     def compile(self, closed: core.ClosedJaxpr, measure_only: bool = False):
         """``closed`` compiled for the call's dynamic leaves; with ``measure_only``,

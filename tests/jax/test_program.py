@@ -169,3 +169,33 @@ def test_a_closed_over_typed_key_is_a_constant_of_the_program():
     got = remat.jit(step(keys[1]), memory_limit=0.8)(ws, x)
     want = jax.jit(step(keys[1]))(ws, x)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_a_plan_lowered_from_the_plain_programs_trace_is_the_traced_one(donate):
+    # Program.lower reuses jax.jit's trace of the plain program for each plan
+    # (same inputs and outputs): the module must be the one a fresh trace gives
+    from remat._jax.compat import core, traced_as
+    from remat._jax.rewrite import rewrite_jaxpr
+    from remat.core.algorithms import get_algorithm
+    from remat.core.options import RematOptions
+    from remat.core.scheduled import on_schedule
+
+    def step(ws, x):
+        grads = jax.grad(_mlp)(ws, x)
+        return [w - 0.1 * g for w, g in zip(ws, grads)], jnp.sum(x)
+
+    _, (ws, x) = _args("mlp")
+    kwargs = {"donate_argnums": (0,)} if donate else {}
+    program, _ = trace_program(step, (ws, x), {}, CallSpec.of(step, dict(kwargs)), {})
+    scheduled = on_schedule(program.graph, tuple(range(program.graph.num_ops)))
+    peak = scheduled.timeline.peak_bytes
+    result = get_algorithm("path")(scheduled, RematOptions(int(0.8 * peak), "path"))
+    assert result.regions
+    closed = core.ClosedJaxpr(rewrite_jaxpr(program.flat.jaxpr, result.rewritten),
+                              program.flat.consts)
+    traced = program.function(closed).lower(*program.specs).as_text()
+    assert program.lower(program.flat).as_text() == program.function(
+        program.flat).lower(*program.specs).as_text()
+    assert program.lower(closed).as_text() == traced
+    assert traced_as(program._template[1], closed) is not None     # (the shortcut)
