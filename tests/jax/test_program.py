@@ -131,9 +131,9 @@ def test_a_step_that_changes_its_arguments_is_refused():
         remat.plan(step, state, x, memory_limit=0.5)
 
 
-@pytest.mark.parametrize("donate", [False, True])
-def test_held_bytes_are_xlas_arguments_outputs_and_aliased_bytes(donate):
-    # a train step: the new parameters can take the donated old ones' buffers
+def _train_step(donate: bool):
+    """An SGD step on ``_mlp`` (the new parameters can take the donated old
+    ones' buffers): the step, its jax.jit arguments, its arguments, its program."""
     def step(ws, x):
         grads = jax.grad(_mlp)(ws, x)
         return [w - 0.1 * g for w, g in zip(ws, grads)], jnp.sum(x)
@@ -142,7 +142,13 @@ def test_held_bytes_are_xlas_arguments_outputs_and_aliased_bytes(donate):
     ws = [w + k for k, w in enumerate(ws)]      # distinct arrays
     kwargs = {"donate_argnums": (0,)} if donate else {}
     program, _ = trace_program(step, (ws, x), {}, CallSpec.of(step, dict(kwargs)), {})
-    xla = XlaFootprint.of(jax.jit(step, **kwargs).lower(ws, x).compile())
+    return step, kwargs, (ws, x), program
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_held_bytes_are_xlas_arguments_outputs_and_aliased_bytes(donate):
+    step, kwargs, args, program = _train_step(donate)
+    xla = XlaFootprint.of(jax.jit(step, **kwargs).lower(*args).compile())
     argument, output, alias = program.held_bytes()
     assert (argument, alias) == (xla.argument, xla.alias)
     # XLA's outputs also hold the tuple of their addresses (8 bytes each)
@@ -181,13 +187,7 @@ def test_a_plan_lowered_from_the_plain_programs_trace_is_the_traced_one(donate):
     from remat.core.options import RematOptions
     from remat.core.scheduled import on_schedule
 
-    def step(ws, x):
-        grads = jax.grad(_mlp)(ws, x)
-        return [w - 0.1 * g for w, g in zip(ws, grads)], jnp.sum(x)
-
-    _, (ws, x) = _args("mlp")
-    kwargs = {"donate_argnums": (0,)} if donate else {}
-    program, _ = trace_program(step, (ws, x), {}, CallSpec.of(step, dict(kwargs)), {})
+    program = _train_step(donate)[3]
     scheduled = on_schedule(program.graph, tuple(range(program.graph.num_ops)))
     peak = scheduled.timeline.peak_bytes
     result = get_algorithm("path")(scheduled, RematOptions(int(0.8 * peak), "path"))
