@@ -70,7 +70,8 @@ def give_back(est: Estimate, target: int) -> list[Drop]:
 
 
 def plan_exchanged(scheduled: Scheduled, options: RematOptions,
-                   starts: Sequence[Strategy], base: tuple | None = None) -> PlanResult:
+                   starts: Sequence[Strategy],
+                   base: tuple[PlanResult, tuple | None] | None = None) -> PlanResult:
     """:func:`cheapest_greedy`'s plan improved by exchanges on the settings
     that planned it (start, small-node variant, segment mode): while
     the plan meets the limit, plan again with its dearest recomputed op banned
@@ -94,49 +95,45 @@ def plan_exchanged(scheduled: Scheduled, options: RematOptions,
     graph = scheduled.graph
     tried: dict[frozenset, PlanResult | None] = {}   # by the ops banned
 
-    def improved(banned: frozenset, bans, bound: PlanResult, first: bool):
-        """The cheapest plan (the first, with ``first``) under the limit for
-        less than ``bound``, banning ``banned`` and one of ``bans``; with the
-        bans after it."""
+    def improved(banned: frozenset, bans: list[frozenset]):
+        """The cheapest plan that meets the limit for less than ``best``, banning
+        ``banned`` and one of ``bans``, with what it bans (None if none does)."""
         found = None
-        for k, ban in enumerate(bans):
-            if sum(graph.ops[o].flops for o in ban) < EXCHANGE_SHARE * bound.extra_flops:
+        for ban in bans:
+            if sum(graph.ops[o].flops for o in ban) < EXCHANGE_SHARE * best.extra_flops:
                 continue
             if banned | ban not in tried:
                 tried[banned | ban] = _run(
                     scheduled, opts, [dataclasses.replace(start, banned=banned | ban)],
                     give_back, merge)
             trial = tried[banned | ban]
-            cap = bound if found is None else found[0]
+            cap = best if found is None else found[0]
             # merging regions leaves each op recomputed at least once: a plan
             # whose ops, once each, cost as much as the cap is not consolidated
             if (trial is not None and trial.met
                     and least_flops(graph, trial) < cap.extra_flops):
                 trial = consolidated(scheduled, trial, trial.limit_bytes)
                 if trial.extra_flops < cap.extra_flops:
-                    found = tagged(trial, opts), banned | ban, bans[k + 1:]
-                    if first:
-                        return found
+                    found = tagged(trial, opts), banned | ban
         return found
 
-    banned, last = frozenset(), None    # last: the round that paid (its bans left)
+    banned, last = frozenset(), None    # last: the round a single ban paid, its others
     while True:
         recomputed = {o for region in best.regions for o in region.recompute} - banned
         found = None
         if recomputed:
             dearest = max(sorted(recomputed), key=lambda o: op_cost(graph, o))
             alike = sorted(o for o in recomputed if _kind(graph, o) == _kind(graph, dearest))
-            found = improved(banned, [frozenset(alike)], best, True)
+            found = improved(banned, [frozenset(alike)])
             if found is None and len(alike) > 1:
-                others = [frozenset({o}) for o in alike if o != dearest]
-                found = improved(banned, [frozenset({dearest})], best, True)
+                found = improved(banned, [frozenset({dearest})])
                 if found is not None:
-                    last = banned, others
-        if found is None and last is not None:      # stalled: the round that paid, again
-            found, last = improved(last[0], last[1], best, False), None
+                    last = banned, [frozenset({o}) for o in alike if o != dearest]
+        if found is None and last is not None:      # stalled: that round, the others
+            found, last = improved(*last), None
         if found is None:
             return best
-        best, banned = found[0], found[1]
+        best, banned = found
 
 
 def _kind(graph, o: int) -> tuple[str, float]:
