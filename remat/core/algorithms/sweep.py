@@ -288,7 +288,7 @@ def swept(scheduled: Scheduled, merge_segments: bool, target: int,
                options.max_chain_ops)
         if key not in known:
             known[key] = (_shared(known, key, scheduled.graph)
-                          or _before_banned(known, key, options.max_chain_ops)
+                          or _before_banned(known, key)
                           or Trajectory(depth=strategy.start_depth))
         trajectory = known[key]
         for k, drop in enumerate(trajectory.drops):
@@ -325,7 +325,7 @@ def _shared(known: dict, key: tuple, graph: Graph) -> Trajectory | None:
     return None
 
 
-def _before_banned(known: dict, key: tuple, max_chain: int) -> Trajectory | None:
+def _before_banned(known: dict, key: tuple) -> Trajectory | None:
     """The longest prefix of a known single-phase trajectory that banned fewer
     ops, where it serves ``key``'s: up to its first drop whose chain holds an op
     ``key``'s strategy bans. Each step takes the first drop, best first, that
@@ -347,7 +347,7 @@ def _before_banned(known: dict, key: tuple, max_chain: int) -> Trajectory | None
                  len(t.drops))
         if n and (best is None or n > len(best.drops)):
             grown = [c for c in t.grown if c < n]
-            depth = min(phases[0].start_depth * 2 ** len(grown), max_chain)
+            depth = min(phases[0].start_depth * 2 ** len(grown), chain_ops)
             best = Trajectory(list(t.drops[:n]), list(t.peaks[:n + 1]), depth,
                               t.exhausted and n == len(t.drops), grown)
     return best
