@@ -175,8 +175,10 @@ class Planner:
         # takes limits no other column meets. The order as XLA fused has a
         # frontier of its own (_fused_frontier).
         names = self.algorithms()
-        columns = [self._column(name, k) for k in range(len(self.orders))
-                   for name in names if k == 0 or name != "optimal"]
+        others = [(name, k) for k in range(1, len(self.orders)) for name in names
+                  if name != "optimal"]
+        columns = [*(self._column(name, 0) for name in names),
+                   *(self._column(name, k) for name, k in others)]
         columns += [self._column("optimal", k) for k in range(1, len(self.orders))
                     if "optimal" in names]
         # Where the platform has two lowerings (CPU: the gate for regions that
@@ -185,7 +187,10 @@ class Planner:
         # the next algorithm, as the lowering's extra bytes (the gate's copies of
         # the inputs; a branch's copies of inputs XLA laid out transposed), not
         # the plan, are what usually misses a tight limit (walked after an answer:
-        # see _relowered).
+        # see _relowered). The other orders' columns under the other lowering
+        # are last resorts: never walked, their rungs compiled after every
+        # other rung for a limit nothing else met (XLA's reading of a plan may
+        # depend on its lowering more than on its order).
         fallback = platform and fallback_strategy(platform, program.flat.jaxpr)
         if fallback == "gate" and _spread(program):
             fallback = None    # partitioned, gated plans read as the plain program
@@ -194,7 +199,10 @@ class Planner:
             points = lambda: self.frontier.points     # (made below)
             columns = [*(c for col in columns[:first]
                          for c in (col, _relowered(col, fallback, points))),
-                       *columns[first:]]
+                       *columns[first:],
+                       *(dataclasses.replace(_relowered(col, fallback, points),
+                                             last_resort=True)
+                         for col in columns[first:first + len(others)])]
         final = not program.measures_in_part
         plain = Point((), self.plain.total, 0.0, "plain",
                       Measured(planned_nothing, program.flat,

@@ -29,16 +29,16 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    the refines left, a quick column's rungs the walk stepped over above its
    lowest miss, top down (a rung between two misses can meet).
    A walk that has compiled its share of :data:`MAX_COMPILES` (divided evenly
-   among the columns) without meeting the limit stops, planning nothing more
-   (a plan can take a good part of a compile's time): when the compiler reads
-   a column's plans at one footprint while the model drops, its walk steps down
-   one rung at a time, and would leave the other columns (other orders, whose
-   plans the compiler may read lower) nothing. Once every column had its turn,
+   among the columns but the last resorts) without meeting the limit stops: when
+   the compiler reads a column's plans at one footprint while the model drops,
+   its walk steps down one rung at a time, and would leave the other columns
+   (other orders, whose plans the compiler may read lower) nothing. Once every column had its turn,
    the walks so cut resume where they stopped, in the same order and on the
    same terms, whatever the answer's rank (step 2c): a lower limit's walk would
    have gone on from there, and can meet this one with less recompute.
    Columns that plan quickly are walked first, in their given order, then the
-   others (a slow column's plan may take several compiles' time). Once a walk
+   others (a slow column's plan may take several compiles' time); never a last
+   resort (``Column.last_resort``: its rungs come last in step 3). Once a walk
    has met the limit, a column is walked only if it plans quickly, has the
    answer's rank (or names it in ``walked_after``), and its plan at its start
    (planned, not compiled) recomputes less than the answer so far, by
@@ -59,7 +59,8 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    not, the rung that meets can lie in what the step jumped over, and a
    compile there costs less than a slow plan.
 3. If no walk met it and no point was known within it, on each column every
-   rung at or below its start not compiled yet, until a plan is within the limit.
+   rung at or below its start not compiled yet (the last resorts' last), until
+   a plan is within the limit.
 4. The answer: the cheapest point known (from any limit asked of this frontier
    before, too) within the limit; None if no plan compiled is within it.
 
@@ -67,9 +68,8 @@ Steps 2 and 3 compile at most :data:`MAX_COMPILES` plans for one limit; then the
 search stops and step 4 answers (``Frontier.out_of_compiles`` is set).
 
 Compiling ahead. Given a ``compile_ahead`` callable, each compile starts beside
-it one the search may make next: while no plan is known within the limit, the
-one it makes should the current walk fail (the next column's start, of one that
-would be walked after its answer too; in step 3, the next rung), and in a
+it the one the search may make next: while no plan is within the limit, that of
+the walk after this one should it fail (or in step 3, the next rung), and in a
 refine, the next refine should this one meet the limit. A point enters the
 frontier only when the search asks for it: the answers are the same without it.
 
@@ -114,8 +114,7 @@ __all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MIN_SAVING", "MAX_COMPILES", "Cand
 log = logging.getLogger("remat")
 
 #: Model targets per column, from its floor to the plain peak. More rungs: plans
-#: nearer any limit (less recompute), and a longer walk of every rung before a
-#: limit is refused.
+#: nearer any limit, and a longer walk of every rung before a limit is refused.
 RUNGS = 32
 #: Extra rungs in the lowest of the ``RUNGS`` intervals, evenly spaced: near its
 #: floor a column has few plans left, and how the compiler packs each one's heap
@@ -125,14 +124,12 @@ FINE_RUNGS = 8
 #: overshot it (each one recomputes less, if the compiler reads it within).
 REFINES = 2
 #: The least share of an answer's extra FLOPs a plan must save to be compiled in
-#: search of a cheaper answer (a refine, or a walk after the limit was met). The
-#: plans of neighbouring rungs often differ by a fraction of a percent; a compile
-#: costs about half a compile of the plain program each time.
+#: search of a cheaper answer (a refine, or a walk after the limit was met): the
+#: plans of neighbouring rungs often differ by a fraction of a percent.
 MIN_SAVING = 0.05
-#: Plans one limit's search compiles at most (walks and fill together). Limits met
-#: take a few compiles; without a bound, a limit the compiler reads every plan of
-#: over (a program where recomputing makes the compiler hold more, not less)
-#: would compile every rung of every column before it is refused: hundreds.
+#: Plans one limit's search compiles at most (walks and fill together). Without a
+#: bound, a limit the compiler reads every plan of over (recomputing makes it hold
+#: more, not less) would compile every rung of every column: hundreds.
 MAX_COMPILES = 40
 
 
@@ -196,6 +193,8 @@ class Column:
         limit is met, only such a column's start is planned, to decide its walk).
       walked_after: ranks besides its own after whose answer this column may be
         walked (e.g. its plans under a lowering that keeps fewer bytes).
+      last_resort: never walked (nor counted in dividing ``MAX_COMPILES`` into
+        shares): its rungs are compiled in step 3 only, after the others'.
     """
     name: str
     rungs: tuple[int, ...]
@@ -205,6 +204,7 @@ class Column:
     rank: int = 0
     plans_quickly: bool = True
     walked_after: Container[int] = frozenset()
+    last_resort: bool = False
 
 
 def rungs(floor: int, peak: int, count: int = RUNGS, fine: int = FINE_RUNGS
@@ -284,11 +284,11 @@ class Frontier:
                 if after is not None and self.candidate(*after).key not in self.points:
                     self._compile_ahead(self.candidate(*after))
             self.compiles += 1
+            col = self.columns[column]
             known = self.points[cand.key] = dataclasses.replace(
-                self._measure(cand), column=self.columns[column].name,
-                rank=self.columns[column].rank)
+                self._measure(cand), column=col.name, rank=col.rank)
             log.info("remat: %s at model target %d (planned peak %d): footprint %d, "
-                     "+%.3g FLOPs", known.column, self.columns[column].rungs[rung],
+                     "+%.3g FLOPs", known.column, col.rungs[rung],
                      cand.model_peak, known.footprint, known.extra_flops)
         return known
 
@@ -296,18 +296,18 @@ class Frontier:
              resume: tuple[int, int | None] | None = None) -> bool:
         """Step 2 of the module's search on one column; True if a plan met it.
 
-        A plan that recomputes ``bound`` FLOPs or more (those of an answer
-        already known) is not compiled: the walk and its refines end at one,
-        and so do a start plan (resumed: the last miss) not saving
-        :data:`MIN_SAVING` of ``bound`` and a refine not saving it of the plan
-        that met the limit. A walk cut at its share records its next rung and
-        its last miss in ``_cut``; ``resume`` takes them up, with no share."""
+        A plan recomputing ``bound`` FLOPs or more (an answer's) is not
+        compiled: the walk and its refines end there, and at a start plan
+        (resumed: the last miss) not saving :data:`MIN_SAVING` of ``bound`` or a
+        refine not saving it of the plan that met the limit. A walk cut at its
+        share records its next rung and last miss in ``_cut``; ``resume`` takes
+        them up, with no share."""
         col = self.columns[column]
         k, missed = resume or (self.start(column, limit), None)
         # while no plan is known within the limit, each compile starts the next
         # column's beside it (once one is, a column is walked only if it saves)
         ahead = (lambda key: self._next_start(column, limit, key)) if bound == math.inf else None
-        first, share = self.compiles, max(self.max_compiles // len(self.columns), 1)
+        first, share = self.compiles, self._share()
         dearest = bound * (1 - MIN_SAVING)     # the start plan must save a share
         if missed is not None and self.candidate(column, missed).extra_flops >= dearest:
             return False    # resumed below a miss that saves too little: so would it
@@ -369,17 +369,17 @@ class Frontier:
         return max(met, min(missed - 1, bisect.bisect_right(col.rungs, target) - 1))
 
     def start(self, column: int, limit: int) -> int:
-        """The rung a column starts at for ``limit``: the highest at or below the
-        column's estimate of it (the lowest if none is); never lower for a
-        higher limit."""
+        """The rung a column starts at for ``limit``: the highest at or below its
+        estimate of it (else the lowest); never lower for a higher limit."""
         col = self.columns[column]
         return max(bisect.bisect_right(col.rungs, col.estimate(limit)) - 1, 0)
 
     def fill(self, limit: int) -> bool:
         """Step 3: the rungs at or below each column's start not compiled yet, from
         the top down, until a plan meets ``limit``; True if one did."""
+        columns = sorted(range(len(self.columns)), key=lambda c: self.columns[c].last_resort)
         return self._first_within(limit, [
-            (c, k) for c in range(len(self.columns))
+            (c, k) for c in columns
             for k in reversed(range(self.start(c, limit) + 1)) if (c, k) not in self._measured])
 
     def _first_within(self, limit: int, todo: list[tuple[int, int]]) -> bool:
@@ -396,12 +396,10 @@ class Frontier:
         rungs its walk stepped over (below its start, above its lowest rung
         compiled), from the top down, its share of compiles at most, until a
         plan meets ``limit``; True if one did."""
-        quick = [c for c in range(len(self.columns)) if self.columns[c].plans_quickly]
+        quick = [c for c in self._walk_order() if self.columns[c].plans_quickly]
         if not quick:
             return False
-        rank = min(self.columns[c].rank for c in quick)
-        share = max(self.max_compiles // len(self.columns), 1)
-        todo = []
+        rank, share, todo = min(self.columns[c].rank for c in quick), self._share(), []
         for c in quick:
             walked = [k for k in range(self.start(c, limit) + 1) if (c, k) in self._measured]
             if self.columns[c].rank == rank and walked:
@@ -409,10 +407,14 @@ class Frontier:
                          if (c, k) not in self._measured][:share]
         return self._first_within(limit, todo)
 
+    def _share(self) -> int:
+        """Plans one walk compiles before it is cut (``MAX_COMPILES`` divided)."""
+        return max(self.max_compiles // max(sum(not c.last_resort for c in self.columns), 1), 1)
+
     def _walk_order(self) -> list[int]:
         """The columns in the order the walks take them: those that plan quickly
-        first, each group in the given order."""
-        return sorted(range(len(self.columns)),
+        first, then the others, each group in the given order; no last resort."""
+        return sorted((c for c in range(len(self.columns)) if not self.columns[c].last_resort),
                       key=lambda c: not self.columns[c].plans_quickly)
 
     def _next_start(self, column: int, limit: int, key: Hashable
@@ -432,8 +434,7 @@ class Frontier:
         return None
 
     def update(self, point: Point) -> None:
-        """Replaces the known point of ``point.key`` with ``point`` (a truer
-        figure of the same plan, e.g. from compiling it again)."""
+        """Puts ``point`` in place of its key's (a truer figure of one plan)."""
         if self.plain is not None and self.plain.key == point.key:
             self.plain = point
         self.points[point.key] = point
@@ -447,8 +448,7 @@ class Frontier:
 
     def lowest(self) -> Point | None:
         """The point of the least footprint known."""
-        return min(self.points.values(), key=lambda p: (p.footprint, p.extra_flops),
-                   default=None)
+        return min(self.points.values(), key=lambda p: (p.footprint, p.extra_flops), default=None)
 
     def answer(self, limit: int) -> Point | None:
         """The cheapest point within ``limit`` after searching for it (the module's
@@ -461,7 +461,7 @@ class Frontier:
         try:
             self._search(limit)
         except _OutOfCompiles:
-            pass
+            pass            # (step 4 answers)
         finally:
             self._stop_at = None
         return self.best_under(limit)

@@ -568,3 +568,33 @@ def test_only_the_first_rank_has_its_stepped_over_rungs_compiled_before_slow_one
     first_slow = next(i for i, k in enumerate(compiled) if k[0] == "slow")
     assert compiled.index(("b", targets[-10])) > first_slow     # at step 3
     assert ("a", targets[-9]) in compiled[:first_slow]          # a's, at step 2b
+
+
+def test_a_last_resort_is_compiled_only_after_every_other_rung():
+    # "c" plans what "b" plans for half the recompute, but as a last resort it
+    # is never walked, nor counted in the shares: "a" (every plan read 1 over
+    # the limit) is still cut at half the bound, then b meets it and answers.
+    # Where nothing else meets the limit, c's rungs come after every other
+    # rung at or below its column's start (step 3)
+    def reading_over(names):
+        compiled = []
+
+        def measure(cand):
+            compiled.append(cand.key)
+            name, peak = cand.key
+            return Point(cand.key, 701 if name in names else peak, cand.extra_flops, "")
+        return measure, compiled
+
+    last = dataclasses.replace(_column("c", 0, step=1, per_xla=0.5), last_resort=True)
+    columns = [last, _column("a", 2, step=1), _column("b", 1, step=1, per_xla=0.5)]
+    measure, compiled = reading_over({"a"})
+    f = Frontier(columns, measure)
+    assert f.answer(700).key[0] == "b" and all(k[0] != "c" for k in compiled)
+    assert f.compiles == MAX_COMPILES // 2 + 1
+    measure, compiled = reading_over({"a", "b"})
+    f = Frontier(columns, measure, max_compiles=10_000)
+    assert f.answer(700).key[0] == "c"
+    first = next(i for i, k in enumerate(compiled) if k[0] == "c")
+    others = {(n, f.columns[c].plan(f.columns[c].rungs[k]).key[1]) for c, n in [(1, "a"), (2, "b")]
+              for k in range(f.start(c, 700) + 1)}
+    assert others <= set(compiled[:first])

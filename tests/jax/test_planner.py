@@ -23,8 +23,12 @@ def _program():
 
 
 def _columns(program, **settings):
+    return {c.name for c in _frontier_columns(program, **settings)}
+
+
+def _frontier_columns(program, **settings):
     options = resolve_options({"memory_limit": 0.5, **settings}, {})
-    return {c.name for c in Planner(program, options).frontier.columns}
+    return Planner(program, options).frontier.columns
 
 
 @pytest.mark.parametrize("algorithm", PORTFOLIO_ALGORITHMS)
@@ -71,10 +75,11 @@ def test_the_planner_plans_again_on_the_ops_as_xla_fused_them():
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's two lowerings")
-def test_each_first_order_column_has_its_plans_under_the_other_lowering():
+def test_each_column_has_its_plans_under_the_other_lowering():
     # the dense program's regions go in a conditional by default: each column of
     # the first order is followed by its plans gated; a conv program's the other
-    # way round (the default gates regions that read convolutions)
+    # way round (the default gates regions that read convolutions). The other
+    # orders' columns under the other lowering come last, as last resorts
     def conv_loss(ws, x):
         for w in ws:
             x = jnp.tanh(jax.lax.conv(x, w, (1, 1), "SAME"))
@@ -85,11 +90,18 @@ def test_each_first_order_column_has_its_plans_under_the_other_lowering():
     step = jax.value_and_grad(conv_loss)
     conv = trace_program(step, args, {}, CallSpec.of(step, {}), {})[0]
     for program, other in [(_program(), "gate"), (conv, "cond")]:
-        names = _columns(program)
+        columns = _frontier_columns(program)
+        names = [c.name for c in columns]
         first = sorted(n for n in names if n.endswith("/order 0"))
         assert first and sorted(n for n in names if n.endswith(f"/order 0 ({other})")) == [
             f"{n} ({other})" for n in first]
-        assert not any(n.endswith(")") and "order 0" not in n for n in names)
+        later = [c for c in columns if c.name.endswith(")") and "order 0" not in c.name]
+        assert later and columns[-len(later):] == tuple(later)
+        assert sorted(c.name for c in later) == sorted(
+            f"{n} ({other})" for n in names if "order 0" not in n
+            and not n.endswith(")") and not n.startswith("optimal"))
+        assert all(c.last_resort for c in later) and not any(
+            c.last_resort for c in columns[:-len(later)])
 
 
 def test_gated_plans_are_walked_after_an_answer_while_xla_reads_them_lower():
