@@ -98,17 +98,24 @@ class Measured:
 
     @classmethod
     def of(cls, program: Program, result: PlanResult, jaxpr: core.ClosedJaxpr,
-           small_node_bytes: int, lowered: Any = None, compiled: Any = None
-           ) -> "Measured":
+           small_node_bytes: int, lowered: Any = None, compiled: Any = None,
+           footprint: XlaFootprint | None = None) -> "Measured":
         """``jaxpr`` compiled to measure (and to run, where that is the same);
-        ``lowered`` and ``compiled``, where given, are its lowering and that
-        compile."""
+        ``lowered``, ``compiled`` and ``footprint``, where given, are its
+        lowering, that compile and its figures."""
         if compiled is None:
             lowered = program.lower(jaxpr)
             compiled = program.compile_lowered(lowered, measure_only=True)
         final = not program.measures_in_part
-        return cls(result, jaxpr, compiled if final else None, XlaFootprint.of(compiled),
+        return cls(result, jaxpr, compiled if final else None,
+                   footprint or XlaFootprint.of(compiled),
                    small_node_bytes, final, None if final else lowered)
+
+
+def _with_figures(compiled: Any) -> tuple[Any, XlaFootprint]:
+    """A compile and its figures, read on the worker (reading them takes tens of
+    milliseconds on a big program)."""
+    return compiled, XlaFootprint.of(compiled)
 
 
 class Measuring:
@@ -126,17 +133,18 @@ class Measuring:
             return
         lowered = self.program.lower(jaxpr)
         self._lowered[key] = (jaxpr, lowered)
-        self._pending.start(key, lambda: self.program.compile_lowered(
-            lowered, measure_only=True))
+        self._pending.start(key, lambda: _with_figures(self.program.compile_lowered(
+            lowered, measure_only=True)))
 
     def started(self, key: Hashable) -> bool:
         """Whether ``key``'s compile is started and not read yet."""
         return key in self._lowered
 
-    def take(self, key: Hashable) -> tuple[Any, Any]:
-        """``key``'s lowering and measuring compile (waiting for it), forgotten."""
+    def take(self, key: Hashable) -> tuple[Any, Any, XlaFootprint]:
+        """``key``'s lowering, measuring compile and its figures (waiting for
+        them), forgotten."""
         _, lowered = self._lowered.pop(key)
-        return lowered, self._pending.take(key)
+        return (lowered, *self._pending.take(key))
 
     def measured(self, key: Hashable, result: PlanResult,
                  jaxpr: core.ClosedJaxpr | None, small_node_bytes: int) -> Measured:
@@ -145,9 +153,7 @@ class Measuring:
         if key not in self._lowered:
             return Measured.of(self.program, result, jaxpr, small_node_bytes)
         jaxpr = self._lowered[key][0]
-        lowered, compiled = self.take(key)
-        return Measured.of(self.program, result, jaxpr, small_node_bytes, lowered,
-                           compiled)
+        return Measured.of(self.program, result, jaxpr, small_node_bytes, *self.take(key))
 
     def drop(self) -> None:
         """Forgets every compile not read (those not begun are cancelled)."""

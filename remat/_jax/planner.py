@@ -132,8 +132,8 @@ class Planner:
                 and program.measures_in_part and cores() > 1 and not _spread(program)):
             self._start_guessed(options.memory_limit)
         t = time.perf_counter()
-        lowered, compiled = self._measuring.take(())
-        self.plain = self.baseline = XlaFootprint.of(compiled)
+        lowered, compiled, self.plain = self._measuring.take(())
+        self.baseline = self.plain
         # Plans return their results laid out as the plain program does (a plan
         # lowered before this is lowered again).
         kept = keep_output_shardings(compiled, program.jit_kwargs)
