@@ -175,10 +175,9 @@ class Planner:
         # takes limits no other column meets. The order as XLA fused has a
         # frontier of its own (_fused_frontier).
         names = self.algorithms()
-        others = [(name, k) for k in range(1, len(self.orders)) for name in names
-                  if name != "optimal"]
-        columns = [*(self._column(name, 0) for name in names),
-                   *(self._column(name, k) for name, k in others)]
+        others = [self._column(name, k) for k in range(1, len(self.orders))
+                  for name in names if name != "optimal"]
+        columns = [*(self._column(name, 0) for name in names), *others]
         columns += [self._column("optimal", k) for k in range(1, len(self.orders))
                     if "optimal" in names]
         # Where the platform has two lowerings (CPU: the gate for regions that
@@ -201,8 +200,7 @@ class Planner:
                          for c in (col, _relowered(col, fallback, points))),
                        *columns[first:],
                        *(dataclasses.replace(_relowered(col, fallback, points),
-                                             last_resort=True)
-                         for col in columns[first:first + len(others)])]
+                                             last_resort=True) for col in others)]
         final = not program.measures_in_part
         plain = Point((), self.plain.total, 0.0, "plain",
                       Measured(planned_nothing, program.flat,

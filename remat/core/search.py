@@ -29,13 +29,14 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    the refines left, a quick column's rungs the walk stepped over above its
    lowest miss, top down (a rung between two misses can meet).
    A walk that has compiled its share of :data:`MAX_COMPILES` (divided evenly
-   among the columns but the last resorts) without meeting the limit stops: when
-   the compiler reads a column's plans at one footprint while the model drops,
-   its walk steps down one rung at a time, and would leave the other columns
-   (other orders, whose plans the compiler may read lower) nothing. Once every column had its turn,
-   the walks so cut resume where they stopped, in the same order and on the
-   same terms, whatever the answer's rank (step 2c): a lower limit's walk would
-   have gone on from there, and can meet this one with less recompute.
+   among the columns but the last resorts) without meeting the limit stops:
+   when the compiler reads a column's plans at one footprint while the model
+   drops, its walk steps down one rung at a time, and would leave the other
+   columns (other orders, whose plans it may read lower) nothing. Once every
+   column had its turn, the walks so cut resume where they stopped, in the same
+   order and on the same terms, whatever the answer's rank (step 2c): a lower
+   limit's walk would have gone on from there, and can meet this one with less
+   recompute.
    Columns that plan quickly are walked first, in their given order, then the
    others (a slow column's plan may take several compiles' time); never a last
    resort (``Column.last_resort``: its rungs come last in step 3). Once a walk
@@ -443,8 +444,7 @@ class Frontier:
         """The cheapest point known within ``limit`` (fewest extra FLOPs, then
         the lowest rank, then the least footprint)."""
         within = [p for p in self.points.values() if p.footprint <= limit]
-        return min(within, key=lambda p: (p.extra_flops, p.rank, p.footprint),
-                   default=None)
+        return min(within, key=lambda p: (p.extra_flops, p.rank, p.footprint), default=None)
 
     def lowest(self) -> Point | None:
         """The point of the least footprint known."""
