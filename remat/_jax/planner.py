@@ -44,7 +44,8 @@ from remat.core.options import PORTFOLIO, RematOptions
 from remat.core.scheduled import Scheduled, on_schedule
 from remat.core.schedulers import get_scheduler
 from remat.core.schedulers.best import ranked_schedules
-from remat.core.search import Candidate, Column, Frontier, Point
+from remat.core.columns import Candidate, Column, Point
+from remat.core.search import Frontier
 from remat.core.simulate import Timeline
 
 __all__ = ["Planner", "planner_for", "PORTFOLIO_ALGORITHMS",
@@ -187,9 +188,10 @@ class Planner:
         # the inputs; a branch's copies of inputs XLA laid out transposed), not
         # the plan, are what usually misses a tight limit (walked after an answer:
         # see _relowered). The other orders' columns under the other lowering
-        # are last resorts: never walked, their rungs compiled after every
-        # other rung for a limit nothing else met (XLA's reading of a plan may
-        # depend on its lowering more than on its order).
+        # are last resorts: walked only after a slow column's answer, their
+        # rungs compiled after every other rung for a limit nothing else met
+        # (XLA's reading of a plan may depend on its lowering more than on its
+        # order).
         fallback = platform and fallback_strategy(platform, program.flat.jaxpr)
         if fallback == "gate" and _spread(program):
             fallback = None    # partitioned, gated plans read as the plain program

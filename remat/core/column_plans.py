@@ -1,6 +1,6 @@
 """The plans of the automatic pass's columns: one algorithm on one order, per target.
 
-A column of the search (:class:`remat.core.search.Column`) asks for a plan at
+A column of the search (:class:`remat.core.columns.Column`) asks for a plan at
 each rung it compiles. :class:`ColumnPlans` makes them for one program and
 setting, every (algorithm, order) of it. Rules:
 
@@ -47,7 +47,7 @@ from .bounds import planner_floor
 from .gc_pause import gc_paused
 from .options import PORTFOLIO, RematOptions
 from .scheduled import Scheduled
-from .search import Candidate, rungs
+from .columns import Candidate, rungs
 
 __all__ = ["ColumnPlans", "LEAST_PEAK_DEFAULT_SECONDS", "OPTIMAL_DEFAULT_SECONDS",
            "SMALLEST_SMALL_NODE"]

@@ -38,8 +38,8 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    limit's walk would have gone on from there, and can meet this one with less
    recompute.
    Columns that plan quickly are walked first, in their given order, then the
-   others (a slow column's plan may take several compiles' time); never a last
-   resort (``Column.last_resort``: its rungs come last in step 3). Once a walk
+   others (a slow column's plan may take several compiles' time); a last
+   resort (``Column.last_resort``) only in step 2d. Once a walk
    has met the limit, a column is walked only if it plans quickly, has the
    answer's rank (or names it in ``walked_after``), and its plan at its start
    (planned, not compiled) recomputes less than the answer so far, by
@@ -59,6 +59,10 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    assumes the compiler's footprint falls with the model's peak; where it does
    not, the rung that meets can lie in what the step jumped over, and a
    compile there costs less than a slow plan.
+   Once a slow column met the limit (every quick walk missed it), each last
+   resort that plans quickly is walked too, bound by that answer (step 2d):
+   the slow plans recompute the most, and another lowering may read a quick
+   plan within the limit.
 3. If no walk met it and no point was known within it, on each column every
    rung at or below its start not compiled yet (the last resorts' last), until
    a plan is within the limit.
@@ -106,21 +110,15 @@ import bisect
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Container, Hashable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+
+from .columns import FINE_RUNGS, RUNGS, Candidate, Column, Point, rungs
 
 __all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MIN_SAVING", "MAX_COMPILES", "Candidate",
            "Point", "Column", "Frontier", "rungs"]
 
 log = logging.getLogger("remat")
 
-#: Model targets per column, from its floor to the plain peak. More rungs: plans
-#: nearer any limit, and a longer walk of every rung before a limit is refused.
-RUNGS = 32
-#: Extra rungs in the lowest of the ``RUNGS`` intervals, evenly spaced: near its
-#: floor a column has few plans left, and how the compiler packs each one's heap
-#: (holes of a few percent) decides a tight limit more than the model does.
-FINE_RUNGS = 8
 #: Plans compiled, at most, to refine back up towards a limit after a step down
 #: overshot it (each one recomputes less, if the compiler reads it within).
 REFINES = 2
@@ -136,93 +134,6 @@ MAX_COMPILES = 40
 
 class _OutOfCompiles(Exception):
     """The search for one limit has compiled :data:`MAX_COMPILES` plans."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """A plan, before it is compiled.
-
-    Attributes:
-      key: the plan's identity: equal keys, the same program (compiled once).
-      model_peak: its peak in the planner's model.
-      extra_flops: the FLOPs it recomputes.
-      payload: whatever the caller needs to compile it.
-    """
-    key: Hashable
-    model_peak: int
-    extra_flops: float
-    payload: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Point:
-    """A compiled plan: its compiled footprint and its recompute.
-
-    Attributes:
-      key: the key of its :class:`Candidate`.
-      footprint: bytes, as the compiler reports them.
-      extra_flops: the FLOPs it recomputes.
-      column: the name of the column that planned it first.
-      payload: whatever the caller keeps of it (the compiled program).
-      rank: its column's rank (lower is preferred at equal extra FLOPs).
-    """
-    key: Hashable
-    footprint: int
-    extra_flops: float
-    column: str
-    payload: Any = None
-    rank: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Column:
-    """One way of planning a program.
-
-    Attributes:
-      name: shown in logs and answers (e.g. ``"path"``).
-      rungs: the model targets it plans for, ascending (:func:`rungs`).
-      model_per_xla: model bytes per compiled byte (to convert a miss).
-      estimate: a compiled limit -> the model target expected to meet it
-        (non-decreasing in the limit).
-      plan: a model target -> the :class:`Candidate` planned for it.
-      rank: 0, or more for a column whose plans are worse in a way their extra
-        FLOPs do not show (e.g. a slower lowering): of two points with equal
-        extra FLOPs within a limit, the one of the lower rank answers it; and
-        once a walk met a limit, only columns of its rank (and those naming it in
-        ``walked_after``) are walked after it.
-      plans_quickly: whether a plan takes far less time than a compile (once a
-        limit is met, only such a column's start is planned, to decide its walk).
-      walked_after: ranks besides its own after whose answer this column may be
-        walked (e.g. its plans under a lowering that keeps fewer bytes).
-      last_resort: never walked (nor counted in dividing ``MAX_COMPILES`` into
-        shares): its rungs are compiled in step 3 only, after the others'.
-    """
-    name: str
-    rungs: tuple[int, ...]
-    model_per_xla: float
-    estimate: Callable[[int], int]
-    plan: Callable[[int], Candidate]
-    rank: int = 0
-    plans_quickly: bool = True
-    walked_after: Container[int] = frozenset()
-    last_resort: bool = False
-
-
-def rungs(floor: int, peak: int, count: int = RUNGS, fine: int = FINE_RUNGS
-          ) -> tuple[int, ...]:
-    """``count`` model targets evenly spaced from ``floor`` up to, not including,
-    ``peak``, and ``fine`` more in the lowest interval (distinct, ascending).
-
-    >>> rungs(100, 200, 4, fine=0)
-    (100, 125, 150, 175)
-    >>> rungs(100, 200, 4, fine=5)
-    (100, 105, 110, 115, 120, 125, 150, 175)
-    """
-    floor = min(floor, peak)
-    span = peak - floor
-    coarse = {floor + span * j // count for j in range(count)}
-    return tuple(sorted(coarse | {floor + span * j // (count * fine)
-                                  for j in range(fine)}))
 
 
 class Frontier:
@@ -493,6 +404,11 @@ class Frontier:
                 met = best      # its own plan, known from before: as if it met it
         if best is None:
             self.fill(limit)
+        elif any(c.name == best.column and not c.plans_quickly for c in self.columns):
+            for c, col in enumerate(self.columns):      # (step 2d)
+                if col.last_resort and col.plans_quickly and self.walk(
+                        c, limit, best.extra_flops):
+                    best = self.best_under(limit)
 
     @property
     def exhausted(self) -> bool:

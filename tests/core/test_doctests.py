@@ -11,7 +11,7 @@ MODULES = [
     "remat.core.schedulers.list", "remat.core.schedulers.best", "remat.core.plan",
     "remat.core.options", "remat.core.gc_pause", "remat._flags",
     "remat.core.algorithms.consolidate", "remat.core.bounds",
-    "remat.core.algorithms.cost", "remat.core.search", "remat.core.scheduled",
+    "remat.core.algorithms.cost", "remat.core.columns", "remat.core.search", "remat.core.scheduled",
     "remat.core.evaluate", "remat.core.algorithms", "remat.core.algorithms.optimal",
     "remat.core.algorithms.optimal_candidates", "remat.core.column_plans",
 ]

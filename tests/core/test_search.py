@@ -10,7 +10,7 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from remat.core.search import (FINE_RUNGS, MAX_COMPILES, MIN_SAVING, REFINES, RUNGS,
+from remat.core.search import (MAX_COMPILES, MIN_SAVING, REFINES,
                                Candidate, Column, Frontier, Point, rungs)
 
 PEAK, FLOOR = 1000, 300
@@ -50,14 +50,6 @@ def _scaled_column(name, factor, rank=0):
     """A plan at every rung: at target t, peak t, recomputing ``factor * (PEAK - t)``."""
     return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
                   lambda t: Candidate((name, t), t, factor * (PEAK - t)), rank=rank)
-
-
-def test_rungs_span_floor_to_peak():
-    r = rungs(FLOOR, PEAK)
-    assert r[0] == FLOOR and r[-1] < PEAK and list(r) == sorted(r)
-    assert len(r) == RUNGS + FINE_RUNGS - 1          # the floor is in both sets
-    assert sum(x < r[0] + (PEAK - FLOOR) // RUNGS for x in r) == FINE_RUNGS
-    assert rungs(500, 500) == (500,)
 
 
 def test_each_plan_is_compiled_once():
@@ -598,3 +590,32 @@ def test_a_last_resort_is_compiled_only_after_every_other_rung():
     others = {(n, f.columns[c].plan(f.columns[c].rungs[k]).key[1]) for c, n in [(1, "a"), (2, "b")]
               for k in range(f.start(c, 700) + 1)}
     assert others <= set(compiled[:first])
+
+
+def test_after_a_slow_columns_answer_the_quick_last_resorts_are_walked():
+    # "a" (quick) reads every plan over the limit; "slow" meets it recomputing
+    # three times what the last resort "c" does for the same peak, so c's walk
+    # (step 2d) answers. Where the quick column meets the limit, c is not walked.
+    def column(name, factor, quick=True, last=False):
+        return Column(name, rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
+                      lambda t: Candidate((name, t), t, factor * float(PEAK - t)),
+                      plans_quickly=quick, last_resort=last)
+
+    def reading(over):
+        compiled = []
+
+        def measure(cand):
+            compiled.append(cand.key)
+            name, peak = cand.key
+            return Point(cand.key, 10_000 if name in over else peak, cand.extra_flops, "")
+        return measure, compiled
+
+    columns = [column("a", 1.0), column("slow", 3.0, quick=False),
+               column("c", 1.0, last=True)]
+    measure, compiled = reading({"a"})
+    answer = Frontier(columns, measure).answer(700)
+    assert answer.column == "c" and answer.footprint <= 700
+    assert any(k[0] == "slow" for k in compiled)
+    measure, compiled = reading(set())
+    assert Frontier(columns, measure).answer(700).column == "a"
+    assert all(k[0] == "a" for k in compiled)
