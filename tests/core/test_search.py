@@ -6,6 +6,7 @@ monotone in the planning target, which is what the search must survive.
 """
 
 import dataclasses
+import functools
 import random
 
 from hypothesis import given, settings, strategies as st
@@ -562,21 +563,25 @@ def test_only_the_first_rank_has_its_stepped_over_rungs_compiled_before_slow_one
     assert ("a", targets[-9]) in compiled[:first_slow]          # a's, at step 2b
 
 
+def _reading(over, footprint):
+    """A compiler reading the plans of the columns named in ``over`` at
+    ``footprint``, the others at their model peak; and the keys it compiled."""
+    compiled = []
+
+    def measure(cand):
+        compiled.append(cand.key)
+        name, peak = cand.key
+        return Point(cand.key, footprint if name in over else peak, cand.extra_flops, "")
+    return measure, compiled
+
+
 def test_a_last_resort_is_compiled_only_after_every_other_rung():
     # "c" plans what "b" plans for half the recompute, but as a last resort it
-    # is never walked, nor counted in the shares: "a" (every plan read 1 over
-    # the limit) is still cut at half the bound, then b meets it and answers.
-    # Where nothing else meets the limit, c's rungs come after every other
-    # rung at or below its column's start (step 3)
-    def reading_over(names):
-        compiled = []
-
-        def measure(cand):
-            compiled.append(cand.key)
-            name, peak = cand.key
-            return Point(cand.key, 701 if name in names else peak, cand.extra_flops, "")
-        return measure, compiled
-
+    # is not walked while no slow column answered, nor counted in the shares:
+    # "a" (every plan read 1 over the limit) is still cut at half the bound,
+    # then b meets it and answers. Where nothing else meets the limit, c's
+    # rungs come after every other rung at or below its column's start (step 3)
+    reading_over = functools.partial(_reading, footprint=701)
     last = dataclasses.replace(_column("c", 0, step=1, per_xla=0.5), last_resort=True)
     columns = [last, _column("a", 2, step=1), _column("b", 1, step=1, per_xla=0.5)]
     measure, compiled = reading_over({"a"})
@@ -601,15 +606,7 @@ def test_after_a_slow_columns_answer_the_quick_last_resorts_are_walked():
                       lambda t: Candidate((name, t), t, factor * float(PEAK - t)),
                       plans_quickly=quick, last_resort=last)
 
-    def reading(over):
-        compiled = []
-
-        def measure(cand):
-            compiled.append(cand.key)
-            name, peak = cand.key
-            return Point(cand.key, 10_000 if name in over else peak, cand.extra_flops, "")
-        return measure, compiled
-
+    reading = functools.partial(_reading, footprint=10_000)
     columns = [column("a", 1.0), column("slow", 3.0, quick=False),
                column("c", 1.0, last=True)]
     measure, compiled = reading({"a"})
