@@ -27,6 +27,7 @@ RUNGS = 32
 #: (holes of a few percent) decides a tight limit more than the model does.
 FINE_RUNGS = 8
 
+
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """A plan, before it is compiled.
