@@ -29,8 +29,9 @@ import numpy as np
 from bench import models
 from bench.output import result_file
 from bench.random_programs import random_program
+from remat._jax.call import CallSpec
 from remat._jax.planner import Planner
-from remat._jax.program import CallSpec, trace_program
+from remat._jax.program import trace_program
 from remat.core.options import resolve_options
 
 FRACTIONS = (0.8, 0.5, 0.3)

@@ -34,8 +34,9 @@ import jax
 
 from bench import models
 from bench.output import result_file
+from remat._jax.call import CallSpec
 from remat._jax.planner import Planner
-from remat._jax.program import CallSpec, trace_program
+from remat._jax.program import trace_program
 from remat._jax.xla_fusion import tag_equations
 from remat.core.options import resolve_options
 

@@ -31,7 +31,8 @@ import jax
 import remat
 from bench import models
 from bench.output import result_file
-from remat._jax.program import CallSpec, trace_program
+from remat._jax.call import CallSpec
+from remat._jax.program import trace_program
 from remat.core.algorithms import get_algorithm
 from remat.core.options import RematOptions
 from remat.core.scheduled import on_schedule

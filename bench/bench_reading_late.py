@@ -30,9 +30,10 @@ import jax
 from bench.bench_third_party import PROGRAMS
 from bench.output import result_file
 from bench.random_programs import random_program
+from remat._jax.call import CallSpec
 from remat._jax.compat import core
 from remat._jax.pins import pin_late_reads
-from remat._jax.program import CallSpec, trace_program
+from remat._jax.program import trace_program
 from remat._jax.xla_figures import XlaFootprint
 
 MiB = 2**20

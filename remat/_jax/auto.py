@@ -21,13 +21,14 @@ from typing import Any
 import jax
 
 from remat._flags import flags_from_env
+from remat._jax.call import CallSpec, CallSplit, OutputTree
 from remat._jax.compat import core
 from remat._jax.dumps import dump_plan
 from remat._jax.loop_body import plan_inside_loops
 from remat._jax.loop_plan import plan_with_loops
 from remat._jax.plan_record import MemoryLimitError, Plan, _CompiledCall
 from remat._jax.planner import Planner, planner_for
-from remat._jax.program import CallSpec, CallSplit, OutputTree, Program, trace_program
+from remat._jax.program import Program, trace_program
 from remat.core.memlog import format_bytes
 from remat.core.options import PORTFOLIO, RematOptions, resolve_options
 

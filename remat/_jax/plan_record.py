@@ -7,8 +7,8 @@ import dataclasses
 import os
 from typing import Any
 
+from remat._jax.call import CallSpec, CallSplit, OutputTree
 from remat._jax.compat import core
-from remat._jax.program import CallSpec, CallSplit, OutputTree
 from remat._jax.xla_figures import XlaFootprint
 from remat.core.algorithms import PlanResult
 from remat.core.dot import to_dot
@@ -67,7 +67,7 @@ class Plan:
       plan_seconds: time spent planning and rewriting for this call (not tracing,
         which ``jax.jit`` does too, nor compiling).
       out_tree: the structure of the function's results (a
-        :class:`~remat._jax.program.OutputTree`: the compiled program returns
+        :class:`~remat._jax.call.OutputTree`: the compiled program returns
         its traced leaves, the others are put back).
       compiled: the compiled rewritten program, called like the function.
       small_node_bytes: the small-node limit its plan was made with (the default

@@ -24,13 +24,13 @@ import bisect
 import collections
 import dataclasses
 import time
-from collections.abc import Callable
 from typing import Any
 
 from remat._jax.compat import core
-from remat._jax.measuring import Measured, Measuring, cores
 from remat._jax.lowering import default_strategy, fallback_strategy
+from remat._jax.measuring import Measured, Measuring, cores
 from remat._jax.pins import pin_late_reads
+from remat._jax.portfolio import LAST_RESORT, algorithms, laid_out
 from remat._jax.program import Program
 from remat._jax.rewrite import rewrite_jaxpr
 from remat._jax.sharding import keep_output_shardings, value_shardings
@@ -40,7 +40,7 @@ from remat._jax.xla_fusion import as_xla_fused, tag_equations
 from remat.core.algorithms import PlanResult, get_algorithm
 from remat.core.column_plans import ColumnPlans
 from remat.core.gc_pause import gc_paused
-from remat.core.options import PORTFOLIO, RematOptions
+from remat.core.options import RematOptions
 from remat.core.scheduled import Scheduled, on_schedule
 from remat.core.schedulers import get_scheduler
 from remat.core.schedulers.best import ranked_schedules
@@ -48,22 +48,8 @@ from remat.core.columns import Candidate, Column, Point
 from remat.core.search import Frontier
 from remat.core.simulate import Timeline
 
-__all__ = ["Planner", "planner_for", "PORTFOLIO_ALGORITHMS",
-           "OPTIMAL_MAX_OPS"]
+__all__ = ["Planner", "planner_for", "forget_planners"]
 
-#: The algorithms of the default, in the order its walks try them.
-PORTFOLIO_ALGORITHMS = ("path", "standard", "optimal", "segments")
-#: ``"optimal"`` joins the default only for graphs of at most this many ops: each
-#: rung is an integer program, whose time grows fast with the program, and the
-#: default should answer in about a compile's time. It plans on every order, as
-#: ``algorithm="optimal"`` does (the default refuses no limit a chosen algorithm
-#: meets), walked after the heuristics of every order.
-OPTIMAL_MAX_OPS = 400
-#: Algorithms walked for a limit only while no plan is known within it:
-#: ``"optimal"`` (a solve may take longer than a compile) and ``"segments"`` (its
-#: plans rebuild whole segments, seldom cheaper than an answer found, and it
-#: simulates every segmentation before it answers).
-LAST_RESORT = frozenset({"optimal", "segments"})
 #: Frontiers kept for the process (the least recently used one goes first).
 _CACHED_PROGRAMS = 8
 
@@ -163,46 +149,13 @@ class Planner:
         self._undecided_late = late if late is not plain_jaxpr else None
         self.reference = self.plain        # what the columns' estimates convert by
         self._other_compiles = 0           # besides the plans' (the reading-late one)
-        # The first order with each algorithm first (the strongest planner last
-        # among them), then the other orders: a new order costs compiles of its
-        # own plans, which on the first order are often those of another algorithm.
-        # Ranks: 2 * the order's index, plus one under the fallback lowering. At
-        # equal FLOPs the first order's plan answers, under the default lowering;
-        # once a walk met a limit, only columns of its rank (the other algorithms
-        # on its order and lowering) are walked for less recompute, and the same
-        # column's plans under the other lowering (XLA may read them lower, so
-        # their walk may meet higher up). "optimal" on the other
-        # orders comes after them (each rung a solve of up to seconds): it only
-        # takes limits no other column meets. The order as XLA fused has a
-        # frontier of its own (_fused_frontier).
-        names = self.algorithms()
-        others = [self._column(name, k) for k in range(1, len(self.orders))
-                  for name in names if name != "optimal"]
-        columns = [*(self._column(name, 0) for name in names), *others]
-        columns += [self._column("optimal", k) for k in range(1, len(self.orders))
-                    if "optimal" in names]
-        # Where the platform has two lowerings (CPU: the gate for regions that
-        # read convolutions, the conditional for the others), each column of the
-        # first order is followed by its plans under the other one: tried before
-        # the next algorithm, as the lowering's extra bytes (the gate's copies of
-        # the inputs; a branch's copies of inputs XLA laid out transposed), not
-        # the plan, are what usually misses a tight limit (walked after an answer:
-        # see _relowered). The other orders' columns under the other lowering
-        # are last resorts: walked only after a slow column's answer, their
-        # rungs compiled after every other rung for a limit nothing else met
-        # (XLA's reading of a plan may depend on its lowering more than on its
-        # order).
+        # the columns (portfolio.py), under both lowerings where the platform
+        # has two; the order as XLA fused has a frontier of its own (_fused_frontier)
         fallback = platform and fallback_strategy(platform, program.flat.jaxpr)
         if fallback == "gate" and _spread(program):
             fallback = None    # partitioned, gated plans read as the plain program
-        if fallback is not None:
-            first = len(self.algorithms())
-            points = lambda: self.frontier.points     # (made below)
-            columns = [*(c for col in columns[:first]
-                         for c in (col, _relowered(col, fallback, points))),
-                       *columns[first:],
-                       *(dataclasses.replace(_relowered(col, fallback, points),
-                                             last_resort=True) for col in others)]
+        columns = laid_out(self._column, self.algorithms(), len(self.orders), fallback,
+                           lambda: self.frontier.points)      # (made below)
         final = not program.measures_in_part
         plain = Point((), self.plain.total, 0.0, "plain",
                       Measured(planned_nothing, program.flat,
@@ -312,10 +265,7 @@ class Planner:
 
     def algorithms(self) -> tuple[str, ...]:
         """The algorithms planned with: the one chosen, or the default's."""
-        if self.options.algorithm != PORTFOLIO:
-            return (self.options.algorithm,)
-        small = self.program.graph.num_ops <= OPTIMAL_MAX_OPS
-        return tuple(a for a in PORTFOLIO_ALGORITHMS if a != "optimal" or small)
+        return algorithms(self.options, self.program.graph.num_ops)
 
     def answer(self, limit: int) -> Point | None:
         """The cheapest point within ``limit`` (XLA bytes), searching as deep as
@@ -435,42 +385,6 @@ def _gates(platform: str | None) -> bool:
 def _spread(program: Program) -> bool:
     """Whether ``program``'s inputs are placed on several devices."""
     return any(len(getattr(s, "device_set", ())) > 1 for s in program.in_shardings)
-
-
-class _WhileGatedReadsLower:
-    """The ranks a gated column is walked after: its default column's
-    (``rank``), while every plan of the program compiled both gated and in a
-    conditional (among ``points()``, the frontier's) was read lower gated. The
-    gate reads lower where a branch copies inputs XLA laid out otherwise, higher
-    where its own gated copies weigh more; the first gated walk after an answer
-    decides."""
-
-    def __init__(self, rank: int, points: Callable[[], dict]):
-        self.rank, self.points = rank, points
-
-    def __contains__(self, rank: object) -> bool:
-        points = self.points()
-        return rank == self.rank and all(
-            p.footprint < points[key[1]].footprint for key, p in points.items()
-            if key[:1] == ("gate",) and key[1] in points)
-
-
-def _relowered(column: Column, lowering: str, points: Callable[[], dict]) -> Column:
-    """``column``'s plans, their regions lowered with ``lowering``: the same
-    targets and plans (a column plans each target once), other compiled points.
-    Walked for less recompute after an answer of ``column``'s rank: always under
-    the conditional, which keeps fewer bytes than the gate's copies; gated,
-    :class:`_WhileGatedReadsLower`."""
-    def plan(target: int) -> Candidate:
-        cand = column.plan(target)
-        result, small, _ = cand.payload
-        return dataclasses.replace(cand, key=(lowering, cand.key) if cand.key else (),
-                                   payload=(result, small, lowering))
-
-    return dataclasses.replace(column, name=f"{column.name} ({lowering})", plan=plan,
-                               rank=column.rank + 1, walked_after=(
-                                   frozenset({column.rank}) if lowering == "cond"
-                                   else _WhileGatedReadsLower(column.rank, points)))
 
 
 _PLANNERS: collections.OrderedDict[Any, Planner] = collections.OrderedDict()

@@ -9,13 +9,14 @@ import pytest
 
 import remat
 from remat._jax import auto
-from remat._jax.planner import forget_planners
-from remat._jax.program import CallSpec, trace_program
+from remat._jax.call import CallSpec
 from remat._jax.compat import core
 from remat._jax.inline import inline_calls
 from remat._jax.loop_plan import LoopPlan, _cheapest_within
 from remat._jax.loop_split import segment_sizes, split_loops
 from remat._jax.loops import find_loops, loop_body, rewrite_loops
+from remat._jax.planner import forget_planners
+from remat._jax.program import trace_program
 from remat.core.loops import loop_choices
 
 LAYERS, BATCH, WIDTH = 8, 256, 128

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 import remat
+from remat._jax.call import CallSpec
 from remat._jax.compat import core
 from remat._jax.pins import pin_late_reads
 from remat._jax.planner import forget_planners, planner_for
-from remat._jax.program import CallSpec, trace_program
+from remat._jax.program import trace_program
 from remat._jax.xla_figures import XlaFootprint
 from remat.core.options import resolve_options
 

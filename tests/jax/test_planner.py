@@ -5,8 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remat._jax.planner import OPTIMAL_MAX_OPS, PORTFOLIO_ALGORITHMS, Planner
-from remat._jax.program import CallSpec, trace_program
+from remat._jax.call import CallSpec
+from remat._jax.planner import Planner
+from remat._jax.portfolio import OPTIMAL_MAX_OPS, PORTFOLIO_ALGORITHMS
+from remat._jax.program import trace_program
 from remat.core.options import resolve_options
 
 
@@ -102,17 +104,3 @@ def test_each_column_has_its_plans_under_the_other_lowering():
             and not n.endswith(")") and not n.startswith("optimal"))
         assert all(c.last_resort for c in later) and not any(
             c.last_resort for c in columns[:-len(later)])
-
-
-def test_gated_plans_are_walked_after_an_answer_while_xla_reads_them_lower():
-    from remat._jax.planner import _WhileGatedReadsLower
-    from remat.core.search import Point
-    points = {}
-    follows = _WhileGatedReadsLower(0, lambda: points)
-    assert 0 in follows and 2 not in follows       # nothing compiled gated: a probe
-    plan = (("region",),)
-    points[plan] = Point(plan, 100, 5.0, "path/order 0")
-    points["gate", plan] = Point(("gate", plan), 90, 5.0, "path/order 0 (gate)")
-    assert 0 in follows                             # read lower gated
-    points["gate", plan] = Point(("gate", plan), 110, 5.0, "path/order 0 (gate)")
-    assert 0 not in follows                         # read higher: no more walks

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import remat
+from remat._jax.call import CallSpec
 from remat._jax.planner import planner_for
-from remat._jax.program import MEASURE_OPTIONS, CallSpec, trace_program
+from remat._jax.program import MEASURE_OPTIONS, trace_program
 from remat._jax.xla_figures import XlaFootprint
 from remat.core.options import resolve_options
 

@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from remat._jax.program import CallSpec, trace_program
+from remat._jax.call import CallSpec
+from remat._jax.program import trace_program
 from remat._jax.xla_fusion import copied_equations, tag_equations
 
 
