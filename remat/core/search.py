@@ -21,7 +21,13 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
 2. On each column in turn, a walk: from the highest rung at or below the
    column's estimate of the limit in the model, compile; while the compiler reads
    the plan over the limit, step down by the miss converted into the model (at
-   least one rung); once a plan is within it, refine between it and the last
+   least one rung), and after two misses twice the last step where the
+   footprint did not fall (the plans between drop nothing the compiler holds
+   at its peak: one rung at a time would spend a compile on each), and while
+   no plan is known within the limit, at least as far as the line through
+   their footprints puts the limit, up to twice the last step (a walk for less
+   recompute than an answer steps one rung: any rung may hold a cheaper plan);
+   once a plan is within it, refine between it and the last
    miss (at most :data:`REFINES` plans: a higher rung recomputes less), at the
    rung the line through their two footprints puts at the limit, and halfway
    where it puts none between them within it or once such a rung missed (the
@@ -235,10 +241,11 @@ class Frontier:
                 break
             if k == 0:
                 return False
+            step = self._step(column, k, p.footprint, missed, limit, bound)
             missed = k
             peak = min(col.rungs[k], self._planned[column, k].model_peak)
             target = peak - math.ceil((p.footprint - limit) * col.model_per_xla)
-            k = max(min(k - 1, bisect.bisect_right(col.rungs, target) - 1), 0)
+            k = max(min(k - step, bisect.bisect_right(col.rungs, target) - 1), 0)
         met, refines, secant, lowest_miss = k, 0, True, missed
         while refines < REFINES and missed is not None and missed - met > 1:
             mid = self._between(column, met, missed, limit) if secant else met
@@ -267,6 +274,26 @@ class Frontier:
                 if self.point(column, r).footprint <= limit:
                     break
         return True
+
+    def _step(self, column: int, k: int, lo: int, missed: int | None, limit: int,
+              bound: float) -> int:
+        """Rungs to step down after a miss at ``k`` read at ``lo``, the walk's
+        last miss at ``missed`` (None: none yet): one, or after two misses,
+        twice the last step where the footprint did not fall (the plans between
+        drop nothing the compiler holds at its peak), else, while no answer
+        ``bound``s the walk, as far as the line through their footprints puts
+        the limit, at most twice the last step (a walk for less recompute than
+        an answer goes on one rung at a time: any rung may hold a cheaper plan)."""
+        if missed is None:
+            return 1
+        col, last = self.columns[column], missed - k
+        hi = self.point(column, missed).footprint
+        if hi <= lo:
+            return 2 * last
+        if bound < math.inf:
+            return 1
+        target = col.rungs[k] - (lo - limit) * (col.rungs[missed] - col.rungs[k]) / (hi - lo)
+        return min(2 * last, max(1, k - (bisect.bisect_right(col.rungs, target) - 1)))
 
     def _between(self, column: int, met: int, missed: int, limit: int) -> int:
         """The rung to refine with, between ``met`` (within ``limit``) and

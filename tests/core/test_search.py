@@ -142,7 +142,7 @@ def test_a_search_stops_after_max_compiles_and_answers_with_what_it_compiled():
 
 
 def test_a_walk_stops_at_its_share_of_the_bound():
-    # column "a" reads every plan 1 over the limit (a walk one rung at a time);
+    # column "a" reads every plan 1 over the limit (its steps double: 1, 2, 4);
     # "b" meets it at its start: walked after a's share, not after the bound
     def measure(cand):
         name, peak = cand.key
@@ -158,14 +158,14 @@ def test_a_walk_stops_at_its_share_of_the_bound():
 
     columns = [counted(_column("a", 0, step=1)),
                counted(_column("b", 0, step=1, per_xla=0.5))]
-    f = Frontier(columns, measure)
+    f = Frontier(columns, measure, max_compiles=8)
     got = f.answer(700)
     assert got is not None and got.key[0] == "b"
-    assert f.compiles == MAX_COMPILES // 2 + 1
+    assert f.compiles == 8 // 2 + 1
     # a walk out of its share plans nothing more (a plan can cost a compile's
-    # time) until every column had its turn; resumed then, its last miss
-    # already recomputes more than b's answer: its next rung is not planned
-    assert planned.count("a") == MAX_COMPILES // 2
+    # time) until every column had its turn; resumed then, its next rung
+    # recomputes more than b's answer: planned, not compiled
+    assert planned == ["a"] * 4 + ["b", "a"]
 
 
 def test_a_walk_cut_at_its_share_resumes_for_less_recompute():
@@ -229,6 +229,72 @@ def test_a_miss_steps_down_by_the_miss_then_refines_back():
     assert best.footprint <= 790 and best.extra_flops == min(
         PEAK - s for s in steps if s + (100 if s > 700 else -100) <= 790)
     assert best.footprint == 593                                # rung 693
+
+
+def test_while_the_compiler_reads_the_walks_plans_flat_its_steps_double():
+    # plans down to model target 500 read 701 to the byte (the compiler's peak
+    # holds nothing they drop), those below it their model peak: the walk
+    # steps 1, 2, 4 rungs and on, meets, and refines back up towards 500
+    column = _scaled_column("a", 1.0)
+    measure, compiled = _reading(set(), 0)
+
+    def flat_above_500(cand):
+        point = measure(cand)
+        return point if cand.model_peak <= 500 else dataclasses.replace(point, footprint=701)
+    f = Frontier([column], flat_above_500)
+    got = f.answer(700)
+    walked = [column.rungs.index(peak) for _, peak in compiled]
+    start = f.start(0, 700)
+    assert walked[:4] == [start, start - 1, start - 3, start - 7]
+    assert got.footprint <= 700 and got.key[1] <= 500
+    one_rung_at_a_time = start - max(k for k, t in enumerate(column.rungs) if t <= 500) + 1
+    assert f.compiles < one_rung_at_a_time
+
+
+def test_after_two_misses_a_walk_steps_where_their_line_puts_the_limit():
+    # footprints fall 1 byte per 4 model bytes, and the model's conversion of a
+    # miss steps one rung at most (per_xla tiny): after the first miss one rung,
+    # then at most twice the last step, and once the line through the last two
+    # misses puts the limit nearer, there (6 rungs): it meets at the highest
+    # rung within the limit, and the refines find none higher
+    reading = {t: 900 + (t - 300) // 4 for t in rungs(FLOOR, PEAK)}
+    column = dataclasses.replace(_scaled_column("a", 1.0), model_per_xla=1e-6)
+    compiled = []
+
+    def measure(cand):
+        compiled.append(column.rungs.index(cand.model_peak))
+        return Point(cand.key, reading[cand.model_peak], cand.extra_flops, "")
+    f = Frontier([column], measure)
+    got = f.answer(1000)
+    start = f.start(0, 1000)
+    assert compiled[:5] == [start, start - 1, start - 3, start - 7, start - 13]
+    assert got.key[1] == max(t for t in column.rungs if reading[t] <= 1000)
+
+
+def test_a_walk_bound_by_an_answer_steps_one_rung_where_the_footprint_falls():
+    # plans read 10 over the limit falling a byte a rung, but one rung (two
+    # below the start) is read within it: a walk looking for less recompute
+    # than an answer (bounded) compiles every rung down to it; a walk while
+    # nothing is known within the limit steps past it (the line through the
+    # first two misses puts the limit far below: twice the last step)
+    column = _scaled_column("a", 1.0)
+
+    def frontier():
+        start = Frontier([column], lambda c: None).start(0, 700)
+        reading = {t: 710 + k - start for k, t in enumerate(column.rungs)}
+        reading[column.rungs[start - 2]] = 690
+        measured = []
+
+        def measure(cand):
+            measured.append(column.rungs.index(cand.model_peak))
+            return Point(cand.key, reading[cand.model_peak], cand.extra_flops, "")
+        return Frontier([column], measure), measured, start
+    bounded, measured, start = frontier()
+    assert bounded.walk(0, 700, bound=1e9)
+    assert measured[:3] == [start, start - 1, start - 2]
+    searching, measured, start = frontier()
+    searching.walk(0, 700)
+    assert measured[:3] == [start, start - 1, start - 3]
 
 
 def test_no_refine_is_compiled_to_save_less_than_min_saving():
@@ -585,9 +651,9 @@ def test_a_last_resort_is_compiled_only_after_every_other_rung():
     last = dataclasses.replace(_column("c", 0, step=1, per_xla=0.5), last_resort=True)
     columns = [last, _column("a", 2, step=1), _column("b", 1, step=1, per_xla=0.5)]
     measure, compiled = reading_over({"a"})
-    f = Frontier(columns, measure)
+    f = Frontier(columns, measure, max_compiles=8)
     assert f.answer(700).key[0] == "b" and all(k[0] != "c" for k in compiled)
-    assert f.compiles == MAX_COMPILES // 2 + 1
+    assert f.compiles == 8 // 2 + 1
     measure, compiled = reading_over({"a", "b"})
     f = Frontier(columns, measure, max_compiles=10_000)
     assert f.answer(700).key[0] == "c"
