@@ -28,7 +28,8 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    their footprints puts the limit, up to twice the last step (a walk for less
    recompute than an answer steps one rung: any rung may hold a cheaper plan);
    once a plan is within it, refine between it and the last
-   miss (at most :data:`REFINES` plans: a higher rung recomputes less), at the
+   miss (as many plans as a bisect of the rungs between them takes, and at
+   least :data:`REFINES`: a higher rung recomputes less), at the
    rung the line through their two footprints puts at the limit, and halfway
    where it puts none between them within it or once such a rung missed (the
    compiler's footprint is seldom a line in the model's target); then, with
@@ -125,8 +126,9 @@ __all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MIN_SAVING", "MAX_COMPILES", "Cand
 
 log = logging.getLogger("remat")
 
-#: Plans compiled, at most, to refine back up towards a limit after a step down
-#: overshot it (each one recomputes less, if the compiler reads it within).
+#: Plans compiled to refine back up towards a limit after a step down overshot
+#: it (each one recomputes less, if the compiler reads it within), where a
+#: bisect of the gap takes fewer: a gap of g rungs gets log2(g).
 REFINES = 2
 #: The least share of an answer's extra FLOPs a plan must save to be compiled in
 #: search of a cheaper answer (a refine, or a walk after the limit was met): the
@@ -247,7 +249,10 @@ class Frontier:
             target = peak - math.ceil((p.footprint - limit) * col.model_per_xla)
             k = max(min(k - step, bisect.bisect_right(col.rungs, target) - 1), 0)
         met, refines, secant, lowest_miss = k, 0, True, missed
-        while refines < REFINES and missed is not None and missed - met > 1:
+        # a bisect back up a gap of g rungs takes about log2(g) plans: a widened
+        # step down leaves a wider gap, and REFINES alone would stop short of it
+        budget = max(REFINES, (missed - met - 1).bit_length()) if missed is not None else 0
+        while refines < budget and missed is not None and missed - met > 1:
             mid = self._between(column, met, missed, limit) if secant else met
             if mid == met:          # no line to go by, or none it puts within: halfway
                 mid, secant = (met + missed) // 2, False
@@ -258,7 +263,7 @@ class Frontier:
             # beside it, the next refine should it meet the limit and the line
             # put no rung within (as it seldom does, once a rung met it): halfway up
             up = (mid + missed) // 2
-            ahead = (lambda key: (column, up)) if refines < REFINES and up > mid else None
+            ahead = (lambda key: (column, up)) if refines < budget and up > mid else None
             if self.point(column, mid, ahead).footprint <= limit:
                 met = mid
             else:

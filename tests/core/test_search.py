@@ -222,10 +222,11 @@ def _two_zone_walk(limit, base_flops=PEAK):
 def test_a_miss_steps_down_by_the_miss_then_refines_back():
     # 781 reads 881: the walk steps down by the miss into the "under" zone (671
     # reads 571), refines at the rung the line through the two puts at the limit
-    # (737, over), then halfway (693, within).
+    # (737, over), then halfway (693, within), then halfway again (715, over):
+    # a gap of 5 rungs, bisected in three refines.
     steps, best = _two_zone_walk(790)
     assert steps[0] <= 790 and steps[1] < steps[0] - 90       # stepped by the miss
-    assert 1 <= len(steps) - 2 <= REFINES and max(steps[2:]) > steps[1]
+    assert len(steps) - 2 == 3 and max(steps[2:]) > steps[1]
     assert best.footprint <= 790 and best.extra_flops == min(
         PEAK - s for s in steps if s + (100 if s > 700 else -100) <= 790)
     assert best.footprint == 593                                # rung 693
@@ -249,6 +250,23 @@ def test_while_the_compiler_reads_the_walks_plans_flat_its_steps_double():
     assert got.footprint <= 700 and got.key[1] <= 500
     one_rung_at_a_time = start - max(k for k, t in enumerate(column.rungs) if t <= 500) + 1
     assert f.compiles < one_rung_at_a_time
+
+
+def test_the_refines_after_a_widened_step_bisect_the_whole_gap():
+    # plans above model target 480 read 701 (flat), those at or below it 100
+    # under their peak: the walk steps 1, 2, 4, 8 rungs and meets 8 rungs below
+    # its last miss; bisecting back up a gap of 8 takes three refines, more than
+    # REFINES, and finds the highest rung within the limit
+    column = _scaled_column("a", 1.0)
+    compiled = []
+
+    def measure(cand):
+        compiled.append(cand.model_peak)
+        footprint = 701 if cand.model_peak > 480 else cand.model_peak - 100
+        return Point(cand.key, footprint, cand.extra_flops, "")
+    got = Frontier([column], measure).answer(700)
+    assert got.key[1] == max(t for t in column.rungs if t <= 480)
+    assert len(compiled) - 5 > REFINES                          # the walk's 5, then 3
 
 
 def test_after_two_misses_a_walk_steps_where_their_line_puts_the_limit():
@@ -318,7 +336,8 @@ def test_a_flat_stretch_the_line_misses_is_found_halfway():
     # The compiler reads every plan at or below 800 at 820 (a flat stretch, as
     # when it packs a few more recomputed values into the same heap) and above
     # it 200 over. The line through the walk's miss and its first plan within
-    # puts no rung between within the limit; halfway, a rung recomputing less is.
+    # puts no rung between within the limit; halfway, a rung recomputing less
+    # is, and the bisect goes on (a gap of 9 rungs: four refines) to the highest.
     steps = []
 
     def measure(cand):
@@ -329,8 +348,8 @@ def test_a_flat_stretch_the_line_misses_is_found_halfway():
     col = Column("a", rungs(FLOOR, PEAK), 1.0, lambda limit: limit,
                  lambda t: Candidate(t, t, float(PEAK - t)))
     best = Frontier([col], measure).answer(830)
-    assert best.footprint == 820 and len(steps) == 2 + REFINES
-    assert best.extra_flops == PEAK - max(s for s in steps if s <= 800)
+    assert best.footprint == 820 and len(steps) == 2 + 4
+    assert best.key == max(t for t in col.rungs if t <= 800)
     assert max(s for s in steps if s <= 800) > steps[1]      # above the first within
 
 
