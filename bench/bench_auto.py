@@ -77,6 +77,15 @@ def _compile_once(step, args):
     return time.perf_counter() - start, plain
 
 
+def _jit_first_call(step, args) -> float:
+    """Seconds ``jax.jit(step)``'s first call takes before it runs: tracing,
+    lowering and compiling, nothing cached (the floor of any first call)."""
+    jax.clear_caches()
+    start = time.perf_counter()
+    jax.jit(step).lower(*args).compile()
+    return time.perf_counter() - start
+
+
 def warm_up() -> None:
     small = models.mlp_chain(layers=2, batch=64, width=32)
     for algorithm in ("path", "standard", "compress"):
@@ -93,12 +102,14 @@ def _planned(step, args, fraction: float, algorithm: str, runs: int):
     compiles its attempts again: XLA's compiles are not planning). Returns the
     plan, the median planning and compile seconds, and the median of the per-run
     ratios (a slow spell of the machine slows both), and the median ratio of the
-    whole first call (tracing, planning and every compile) to the plain compile.
-    Each search starts afresh (no frontier kept from the run before). Every
-    search must end at the same plan; a limit refused is refused at once."""
-    plans, compiles, firsts = [], [], []
+    whole first call (tracing, planning and every compile) to the plain compile,
+    and to ``jax.jit``'s first call (tracing, lowering, compiling). Each search
+    starts afresh (no frontier kept from the run before). Every search must end
+    at the same plan; a limit refused is refused at once."""
+    plans, compiles, firsts, jits = [], [], [], []
     for _ in range(runs):
         compiles.append(_compile_once(step, args)[0])
+        jits.append(_jit_first_call(step, args))
         forget_planners()
         jax.clear_caches()
         start = time.perf_counter()
@@ -111,7 +122,8 @@ def _planned(step, args, fraction: float, algorithm: str, runs: int):
     seconds = [p.plan_seconds for p in plans]
     return (plans[0], float(np.median(seconds)), float(np.median(compiles)),
             float(np.median([s / c for s, c in zip(seconds, compiles)])),
-            float(np.median([f / c for f, c in zip(firsts, compiles)])))
+            float(np.median([f / c for f, c in zip(firsts, compiles)])),
+            float(np.median([f / j for f, j in zip(firsts, jits)])))
 
 
 def run_model(name: str, algorithms, limits, rounds: int, plan_runs: int = 3
@@ -127,7 +139,7 @@ def run_model(name: str, algorithms, limits, rounds: int, plan_runs: int = 3
         for fraction in limits:
             row = dict(model=name, algorithm=algorithm, fraction=fraction)
             try:
-                plan, plan_s, compile_s, plan_ratio, first_ratio = _planned(
+                plan, plan_s, compile_s, plan_ratio, first_ratio, jit_ratio = _planned(
                     step, args, fraction, algorithm, plan_runs)
             except remat.MemoryLimitError as e:
                 row.update(error=str(e), least=e.least_bytes)
@@ -142,7 +154,8 @@ def run_model(name: str, algorithms, limits, rounds: int, plan_runs: int = 3
                        footprint=plan.planned.total,
                        flops_ratio=plan.compiled.cost_analysis()["flops"] / plain_flops,
                        time_ratio=t_plan / t_plain, plan_s=plan_s, compile_s=compile_s,
-                       plan_ratio=plan_ratio, first_ratio=first_ratio, rel_err=err,
+                       plan_ratio=plan_ratio, first_ratio=first_ratio, jit_ratio=jit_ratio,
+                       rel_err=err,
                        by=plan.algorithm)
             rows.append(row)
             print(_line(row), flush=True)
@@ -154,19 +167,20 @@ def _line(r: dict) -> str:
     if "error" in r:
         least = f"{r['least'] / mib:.1f} MiB" if r["least"] else "-"
         return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | refused: least "
-                f"reached {least} | | | | | | | |")
+                f"reached {least} | | | | | | | | |")
     return (f"| {r['model']} | {r['algorithm']} | {r['fraction']:.0%} | "
             f"{r['limit'] / mib:.1f} | {r['baseline'] / mib:.1f} -> "
             f"{r['footprint'] / mib:.1f} | {r['flops_ratio']:.2f} | "
             f"{r['time_ratio']:.2f} | {r['plan_s']:.2f} / {r['compile_s']:.2f} | "
-            f"{r['plan_ratio']:.2f} | {r['first_ratio']:.2f} | {r['rel_err']:.0e} | "
+            f"{r['plan_ratio']:.2f} | {r['first_ratio']:.2f} | {r['jit_ratio']:.2f} | "
+            f"{r['rel_err']:.0e} | "
             f"{r['by']} |")
 
 
 HEADER = ("| model | algorithm | limit (of temps) | limit (MiB) | XLA footprint (MiB) | "
           "FLOPs ratio | step-time ratio | plan / compile (s) | plan ÷ compile | "
-          "first call ÷ compile | grad rel. err | planned by |\n"
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "first call ÷ compile | first call ÷ jax.jit's | grad rel. err | planned by |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
