@@ -77,7 +77,7 @@ def _compile_once(step, args):
     return time.perf_counter() - start, plain
 
 
-def _jit_first_call(step, args) -> float:
+def jit_first_call(step, args) -> float:
     """Seconds ``jax.jit(step)``'s first call takes before it runs: tracing,
     lowering and compiling, nothing cached (the floor of any first call)."""
     jax.clear_caches()
@@ -109,7 +109,7 @@ def _planned(step, args, fraction: float, algorithm: str, runs: int):
     plans, compiles, firsts, jits = [], [], [], []
     for _ in range(runs):
         compiles.append(_compile_once(step, args)[0])
-        jits.append(_jit_first_call(step, args))
+        jits.append(jit_first_call(step, args))
         forget_planners()
         jax.clear_caches()
         start = time.perf_counter()

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import optax
 
 import remat
+from bench.bench_auto import jit_first_call
 from bench.bench_generalization import footprint
 from bench.output import result_file
 from remat._jax.planner import forget_planners
@@ -145,10 +146,7 @@ def rows(name: str) -> list[str]:
     start = time.perf_counter()
     plain, _ = footprint(lowered.compile())
     compile_seconds = time.perf_counter() - start
-    jax.clear_caches()          # jax.jit's own first call: trace, lower, compile
-    start = time.perf_counter()
-    jax.jit(fun).lower(*args).compile()
-    jit_seconds = time.perf_counter() - start
+    jit_seconds = jit_first_call(fun, args)
     out, hand_limits = [], []
     for how, hand_fun in by_hand.items():
         hand, _ = footprint(jax.jit(hand_fun).lower(*args).compile())
