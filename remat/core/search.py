@@ -252,7 +252,7 @@ class Frontier:
         # a bisect back up a gap of g rungs takes about log2(g) plans: a widened
         # step down leaves a wider gap, and REFINES alone would stop short of it
         budget = max(REFINES, (missed - met - 1).bit_length()) if missed is not None else 0
-        while refines < budget and missed is not None and missed - met > 1:
+        while refines < budget and missed - met > 1:
             mid = self._between(column, met, missed, limit) if secant else met
             if mid == met:          # no line to go by, or none it puts within: halfway
                 mid, secant = (met + missed) // 2, False
