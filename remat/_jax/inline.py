@@ -136,10 +136,14 @@ def inline_calls(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
 
 
 def _folded(eqn: core.JaxprEqn, invars: list) -> list | None:
-    """The results of a scalar equation of constants, as literals (as XLA folds
-    it: a ``lax.switch`` on a constant index clamps it first), or None."""
+    """The results of an integer or boolean scalar equation of constants, as
+    literals (as XLA folds it: a ``lax.switch`` on a constant index clamps it
+    first), or None. Only what a conditional's index is made of: folding runs the
+    equation eagerly, which compiles it (tens of milliseconds on a first call),
+    and XLA folds the rest itself (a mean's ``1 / n``)."""
     if (not all(isinstance(v, core.Literal) for v in invars) or eqn.effects
-            or not all(getattr(v.aval, "shape", None) == () for v in eqn.outvars)
+            or not all(getattr(v.aval, "shape", None) == () and _is_index_dtype(v.aval)
+                       for v in eqn.outvars)
             or eqn.primitive.name in _NEVER_MERGED or _has_body(eqn)):
         return None
     try:
@@ -149,6 +153,15 @@ def _folded(eqn: core.JaxprEqn, invars: list) -> list | None:
                 for o, v in zip(out, eqn.outvars)]
     except Exception:       # (nothing to fold it with, or a result no NumPy array
         return None         # holds, such as a PRNG key: left to the compiler)
+
+
+def _is_index_dtype(aval) -> bool:
+    """Whether ``aval`` holds integers or booleans (not a float, nor a key)."""
+    dtype = getattr(aval, "dtype", None)
+    try:
+        return dtype is not None and np.dtype(dtype).kind in "biu"
+    except TypeError:       # (an extended dtype: a typed PRNG key)
+        return False
 
 
 def _has_body(eqn: core.JaxprEqn) -> bool:

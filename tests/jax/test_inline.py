@@ -131,3 +131,13 @@ def test_optax_multisteps_update_has_no_conditional_left():
     traced = jax.make_jaxpr(update)(params, tx.init(params))
     assert any(e.primitive.name == "cond" for e in traced.jaxpr.eqns)
     assert "cond" not in _primitives(inline_calls(traced))
+
+
+def test_a_float_scalar_of_constants_is_left_to_the_compiler():
+    # A mean's 1 / n: folding would run it eagerly (a compile of its own on the
+    # first call); XLA folds it as well. Integer scalars (an index) are folded.
+    def f(x):
+        return jnp.mean(x) + jnp.float32(2.0) * jnp.float32(3.0)
+    flat = inline_calls(jax.make_jaxpr(f)(jnp.ones(4)))
+    assert "div" in _primitives(flat) and "mul" in _primitives(flat)
+    np.testing.assert_allclose(core.jaxpr_as_fun(flat)(jnp.ones(4))[0], 7.0)
