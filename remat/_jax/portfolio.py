@@ -121,6 +121,6 @@ def relowered(column: Column, lowering: str, points: Callable[[], dict]) -> Colu
                                    payload=(result, small, lowering))
 
     return dataclasses.replace(column, name=f"{column.name} ({lowering})", plan=plan,
-                               rank=column.rank + 1, walked_after=(
+                               rank=column.rank + 1, twin_of=column.name, walked_after=(
                                    frozenset({column.rank}) if lowering == "cond"
                                    else WhileGatedReadsLower(column.rank, points)))

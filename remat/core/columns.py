@@ -87,6 +87,8 @@ class Column:
       last_resort: walked only in step 2d of :mod:`remat.core.search` (and
         not counted in dividing ``MAX_COMPILES`` into shares); its rungs come
         last in step 3.
+      twin_of: the name of the column whose plans it compiles otherwise (the
+        same rungs and plans under another lowering), or None.
     """
     name: str
     rungs: tuple[int, ...]
@@ -97,6 +99,7 @@ class Column:
     plans_quickly: bool = True
     walked_after: Container[int] = frozenset()
     last_resort: bool = False
+    twin_of: str | None = None
 
 
 def rungs(floor: int, peak: int, count: int = RUNGS, fine: int = FINE_RUNGS

@@ -35,6 +35,10 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    compiler's footprint is seldom a line in the model's target); then, with
    the refines left, a quick column's rungs the walk stepped over above its
    lowest miss, top down (a rung between two misses can meet).
+   A twin's walk (``Column.twin_of``: its column's plans under another
+   lowering) ends at a miss the compiler reads byte for byte as the same plan
+   of its column: there the lowering changes nothing the compiler holds at its
+   peak, and the plans below are its column's, walked before it.
    A walk that has compiled its share of :data:`MAX_COMPILES` (divided evenly
    among the columns but the last resorts) without meeting the limit stops:
    when the compiler reads a column's plans at one footprint while the model
@@ -241,7 +245,7 @@ class Frontier:
             p = self.point(column, k, ahead)
             if p.footprint <= limit:
                 break
-            if k == 0:
+            if k == 0 or self._reads_as_twin(column, k, p.footprint):
                 return False
             step = self._step(column, k, p.footprint, missed, limit, bound)
             missed = k
@@ -299,6 +303,16 @@ class Frontier:
             return 1
         target = col.rungs[k] - (lo - limit) * (col.rungs[missed] - col.rungs[k]) / (hi - lo)
         return min(2 * last, max(1, k - (bisect.bisect_right(col.rungs, target) - 1)))
+
+    def _reads_as_twin(self, column: int, k: int, footprint: int) -> bool:
+        """Whether ``column`` is a twin (``Column.twin_of``) whose plan at rung
+        ``k`` the compiler reads at ``footprint``, byte for byte as the same plan
+        of the column it twins (compiled already): its lowering changes nothing
+        the compiler holds at its peak there, and its walk stops."""
+        twin_of = self.columns[column].twin_of
+        base = next((c for c, col in enumerate(self.columns) if col.name == twin_of), None)
+        return (base is not None and (base, k) in self._measured
+                and self.point(base, k).footprint == footprint)
 
     def _between(self, column: int, met: int, missed: int, limit: int) -> int:
         """The rung to refine with, between ``met`` (within ``limit``) and

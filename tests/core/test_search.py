@@ -701,3 +701,33 @@ def test_after_a_slow_columns_answer_the_quick_last_resorts_are_walked():
     measure, compiled = reading(set())
     assert Frontier(columns, measure).answer(700).column == "a"
     assert all(k[0] == "a" for k in compiled)
+
+
+def test_a_twin_read_byte_for_byte_as_its_column_stops_its_walk():
+    # "cond" compiles "gate"'s plans under another lowering. The compiler reads
+    # gate's plans at 660 down to target 600 (it holds something no plan drops),
+    # then at the target + 50: gate meets 650 below 600. Where the compiler
+    # reads cond's plans alike, the lowering changes nothing at the peak: cond's
+    # walk (bound by gate's answer) stops at its first plan, not compiling the
+    # flat stretch again. Where it reads them otherwise (670, then 640 from
+    # target 630 down: the lowering keeps fewer bytes there), cond walks on and
+    # answers with less recompute.
+    def reads(name, t, lowering_counts):
+        if name == "cond" and lowering_counts:
+            return 670 if t >= 630 else 640 if t >= 600 else t + 40
+        return 660 if t >= 600 else t + 50
+
+    for lowering_counts in (False, True):
+        compiled = []
+
+        def measure(cand, lowering_counts=lowering_counts):
+            compiled.append(cand.key[0])
+            return Point(cand.key, reads(*cand.key, lowering_counts), cand.extra_flops, "")
+
+        gate = _scaled_column("gate", 1.0)
+        cond = dataclasses.replace(_scaled_column("cond", 1.0, rank=1), twin_of="gate",
+                                   walked_after=frozenset({0}))
+        got = Frontier([gate, cond], measure).answer(650)
+        assert got.footprint <= 650
+        assert (compiled.count("cond") > 1) == lowering_counts, compiled
+        assert (got.column == "cond") == lowering_counts
