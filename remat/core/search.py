@@ -223,9 +223,10 @@ class Frontier:
         A plan recomputing ``bound`` FLOPs or more (an answer's) is not
         compiled: the walk and its refines end there, and at a start plan
         (resumed: the last miss) not saving :data:`MIN_SAVING` of ``bound`` or a
-        refine not saving it of the plan that met the limit. A walk cut at its
-        share records its next rung and last miss in ``_cut``; ``resume`` takes
-        them up, with no share."""
+        refine not saving it of the plan that met the limit; below its start,
+        resumed or not, it compiles any plan recomputing less than ``bound``.
+        A walk cut at its share records its next rung and last miss in
+        ``_cut``; ``resume`` takes them up, with no share."""
         col = self.columns[column]
         k, missed = resume or (self.start(column, limit), None)
         # while no plan is known within the limit, each compile starts the next
@@ -233,8 +234,10 @@ class Frontier:
         ahead = (lambda key: self._next_start(column, limit, key)) if bound == math.inf else None
         first, share = self.compiles, self._share()
         dearest = bound * (1 - MIN_SAVING)     # the start plan must save a share
-        if missed is not None and self.candidate(column, missed).extra_flops >= dearest:
-            return False    # resumed below a miss that saves too little: so would it
+        if missed is not None:      # resumed below its start: as a lower limit's walk
+            if self.candidate(column, missed).extra_flops >= dearest:
+                return False    # below a miss that saves too little: so would it
+            dearest = bound
         while True:
             if resume is None and self.compiles - first >= share:
                 self._cut[column] = k, missed

@@ -161,11 +161,13 @@ def test_a_walk_stops_at_its_share_of_the_bound():
     f = Frontier(columns, measure, max_compiles=8)
     got = f.answer(700)
     assert got is not None and got.key[0] == "b"
-    assert f.compiles == 8 // 2 + 1
+    assert f.compiles == 8 // 2 + 2
     # a walk out of its share plans nothing more (a plan can cost a compile's
     # time) until every column had its turn; resumed then, its next rung
-    # recomputes more than b's answer: planned, not compiled
-    assert planned == ["a"] * 4 + ["b", "a"]
+    # recomputes less than b's answer (by under MIN_SAVING: below its start a
+    # walk compiles any plan that does) and misses, and the one after
+    # recomputes more: planned, not compiled
+    assert planned == ["a"] * 4 + ["b", "a", "a"]
 
 
 def test_a_walk_cut_at_its_share_resumes_for_less_recompute():
@@ -201,6 +203,25 @@ def test_a_cut_walk_resumes_after_an_answer_of_another_rank():
     got = Frontier([a, b], measure, max_compiles=20).answer(700)
     assert got is not None and got.key[0] == "a"
     assert got.extra_flops <= Frontier([a, b], measure, max_compiles=20).answer(450).extra_flops
+
+
+def test_a_resumed_walk_goes_on_as_a_lower_limits_walk_below_its_start():
+    # as above, with a's walk cut sooner (its share: 4 plans), and "b"
+    # recomputing less than 5% more than a's plan that meets:
+    # below its start, a walk compiles any plan recomputing less than the
+    # answer (MIN_SAVING is asked of its start only), resumed or not, so the
+    # resumed walk of "a" answers, as a lower limit's walk of a does
+    a, b = _scaled_column("a", 1.0), _scaled_column("b", 2.1)
+    a = dataclasses.replace(a, model_per_xla=0.01)
+
+    def measure(cand):
+        name, t = cand.key
+        return Point(cand.key, 800 if name == "a" and t > 400 else t,
+                     cand.extra_flops, "")
+    got = Frontier([a, b], measure, max_compiles=8).answer(700)
+    lower = Frontier([a, b], measure, max_compiles=8).answer(450)
+    assert got.key[0] == lower.key[0] == "a"
+    assert got.extra_flops <= lower.extra_flops
 
 
 def _two_zone_walk(limit, base_flops=PEAK):
