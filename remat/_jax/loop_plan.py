@@ -134,6 +134,10 @@ class LoopPlan(Plan):
         return [*(f"{line} (in the backward loop of {d.source})"
                   for d in self.loops for line in d.recomputed), *super().recomputed]
 
+    def _planned_by(self) -> str:
+        # (``algorithm`` planned the program the loop choice left: often "plain")
+        return f"the loop choice below, then {self.algorithm} on the rest"
+
     def __str__(self) -> str:
         return "\n".join([super().__str__(), *(f"  {d}" for d in self.loops)])
 

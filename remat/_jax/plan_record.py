@@ -141,10 +141,13 @@ class Plan:
     def __repr__(self) -> str:
         return str(self)
 
+    def _planned_by(self) -> str:
+        return self.algorithm
+
     def __str__(self) -> str:
         return (f"remat plan: limit {format_bytes(self.limit_bytes)}, XLA footprint "
                 f"{format_bytes(self.baseline.total)} -> {format_bytes(self.planned.total)}"
-                f" ({'met' if self.met else 'NOT met'}) by {self.algorithm}, "
+                f" ({'met' if self.met else 'NOT met'}) by {self._planned_by()}, "
                 f"{len(self.result.regions)} region(s), {len(self.recomputed)} "
                 f"recomputed op(s), +{self.extra_flops / 1e9:.2f} GFLOP, planned in "
                 f"{self.plan_seconds:.2f} s")

@@ -89,6 +89,8 @@ def test_scanned_mlp(fraction):
     plan = _check(jax.value_and_grad(_mlp_loss), _mlp_inputs(1), fraction)
     text = str(plan)
     assert "loop at" in text and f"({LAYERS} iterations)" in text and "rebuilds" in text
+    # the summary says the loops were planned, not only the rest ("by plain")
+    assert f"by the loop choice below, then {plan.algorithm} on the rest" in text
 
 
 @pytest.mark.parametrize("fraction", [0.5, 0.3])
