@@ -47,7 +47,9 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    column had its turn, the walks so cut resume where they stopped, in the same
    order and on the same terms, whatever the answer's rank (step 2c): a lower
    limit's walk would have gone on from there, and can meet this one with less
-   recompute.
+   recompute. A walk resumed after an answer steps from its last miss as a walk
+   bound by that answer does (one rung where the footprint fell), not as far
+   as the step it was cut before.
    Columns that plan quickly are walked first, in their given order, then the
    others (a slow column's plan may take several compiles' time); a last
    resort (``Column.last_resort``) only in step 2d. Once a walk
@@ -178,7 +180,7 @@ class Frontier:
         self.compiles = 0
         self.max_compiles = MAX_COMPILES if max_compiles is None else max_compiles
         self._stop_at: int | None = None    # while answering: compiles to stop at
-        self._cut: dict[int, tuple[int, int | None]] = {}   # walks cut at their share
+        self._cut: dict[int, tuple] = {}    # walks cut at their share: (k, missed, before)
         self.out_of_compiles = False    # whether the last answer's search hit the bound
 
     def candidate(self, column: int, rung: int) -> Candidate:
@@ -217,7 +219,7 @@ class Frontier:
         return known
 
     def walk(self, column: int, limit: int, bound: float = math.inf,
-             resume: tuple[int, int | None] | None = None) -> bool:
+             resume: tuple[int, int | None, int | None] | None = None) -> bool:
         """Step 2 of the module's search on one column; True if a plan met it.
 
         A plan recomputing ``bound`` FLOPs or more (an answer's) is not
@@ -225,10 +227,11 @@ class Frontier:
         (resumed: the last miss) not saving :data:`MIN_SAVING` of ``bound`` or a
         refine not saving it of the plan that met the limit; below its start,
         resumed or not, it compiles any plan recomputing less than ``bound``.
-        A walk cut at its share records its next rung and last miss in
-        ``_cut``; ``resume`` takes them up, with no share."""
+        A walk cut at its share records its next rung and last two misses in
+        ``_cut``; ``resume`` takes them up, with no share, stepping from the
+        last miss on ``bound``'s terms."""
         col = self.columns[column]
-        k, missed = resume or (self.start(column, limit), None)
+        k, missed, before = resume or (self.start(column, limit), None, None)
         # while no plan is known within the limit, each compile starts the next
         # column's beside it (once one is, a column is walked only if it saves)
         ahead = (lambda key: self._next_start(column, limit, key)) if bound == math.inf else None
@@ -238,9 +241,11 @@ class Frontier:
             if self.candidate(column, missed).extra_flops >= dearest:
                 return False    # below a miss that saves too little: so would it
             dearest = bound
+            k = self._below(column, missed, self.point(column, missed).footprint, before,
+                            limit, bound)
         while True:
             if resume is None and self.compiles - first >= share:
-                self._cut[column] = k, missed
+                self._cut[column] = k, missed, before
                 return False        # the other columns' share (nothing more planned)
             if self.candidate(column, k).extra_flops >= dearest:
                 return False
@@ -250,11 +255,8 @@ class Frontier:
                 break
             if k == 0 or self._reads_as_twin(column, k, p.footprint):
                 return False
-            step = self._step(column, k, p.footprint, missed, limit, bound)
-            missed = k
-            peak = min(col.rungs[k], self._planned[column, k].model_peak)
-            target = peak - math.ceil((p.footprint - limit) * col.model_per_xla)
-            k = max(min(k - step, bisect.bisect_right(col.rungs, target) - 1), 0)
+            k, missed, before = (self._below(column, k, p.footprint, missed, limit, bound),
+                                 k, missed)
         met, refines, secant, lowest_miss = k, 0, True, missed
         # a bisect back up a gap of g rungs takes about log2(g) plans: a widened
         # step down leaves a wider gap, and REFINES alone would stop short of it
@@ -286,6 +288,17 @@ class Frontier:
                 if self.point(column, r).footprint <= limit:
                     break
         return True
+
+    def _below(self, column: int, k: int, footprint: int, missed: int | None,
+               limit: int, bound: float) -> int:
+        """The rung a walk compiles after a miss at ``k`` read at ``footprint``
+        (its miss before at ``missed``): down by the miss converted into the
+        model, at least :meth:`_step`'s rungs."""
+        col = self.columns[column]
+        step = self._step(column, k, footprint, missed, limit, bound)
+        peak = min(col.rungs[k], self._planned[column, k].model_peak)
+        target = peak - math.ceil((footprint - limit) * col.model_per_xla)
+        return max(min(k - step, bisect.bisect_right(col.rungs, target) - 1), 0)
 
     def _step(self, column: int, k: int, lo: int, missed: int | None, limit: int,
               bound: float) -> int:

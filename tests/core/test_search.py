@@ -224,6 +224,26 @@ def test_a_resumed_walk_goes_on_as_a_lower_limits_walk_below_its_start():
     assert got.extra_flops <= lower.extra_flops
 
 
+def test_a_walk_resumed_after_an_answer_steps_on_the_answers_terms():
+    # "a" misses at its start and one rung below (820, 810: falling), meets two
+    # rungs below; cut at its share (2 plans) its unbounded walk would step two
+    # rungs (as far as the line through its misses, at most twice its step),
+    # past the plan that meets, to one recomputing more than "b"'s answer.
+    # Resumed once b met the limit, it steps as a walk bound by an answer does:
+    # one rung where the footprint fell, and answers with less recompute.
+    a = dataclasses.replace(_scaled_column("a", 1.0), model_per_xla=0.01)
+    r, s = a.rungs, max(i for i, t in enumerate(a.rungs) if t <= 700)
+    reads = {r[s]: 820, r[s - 1]: 810}
+    b = _scaled_column("b", (PEAK - (r[s - 2] + r[s - 3]) / 2) / (PEAK - r[s]))
+
+    def measure(cand):
+        name, t = cand.key
+        return Point(cand.key, reads.get(t, 700) if name == "a" else t,
+                     cand.extra_flops, "")
+    got = Frontier([a, b], measure, max_compiles=4).answer(700)
+    assert got.key == ("a", r[s - 2])
+
+
 def _two_zone_walk(limit, base_flops=PEAK):
     """The compiler reads every plan 100 over its model peak above 700, and 100
     under at or below it; the model targets the walk compiled, and its answer.
