@@ -37,8 +37,9 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    lowest miss, top down (a rung between two misses can meet).
    A twin's walk (``Column.twin_of``: its column's plans under another
    lowering) ends at a miss the compiler reads byte for byte as the same plan
-   of its column: there the lowering changes nothing the compiler holds at its
-   peak, and the plans below are its column's, walked before it.
+   of its column, below every point that recomputes nothing: there the plan
+   changed what the compiler holds at its peak and the lowering did not, and
+   the plans below are its column's, walked before it.
    A walk that has compiled its share of :data:`MAX_COMPILES` (divided evenly
    among the columns but the last resorts) without meeting the limit stops:
    when the compiler reads a column's plans at one footprint while the model
@@ -323,12 +324,17 @@ class Frontier:
     def _reads_as_twin(self, column: int, k: int, footprint: int) -> bool:
         """Whether ``column`` is a twin (``Column.twin_of``) whose plan at rung
         ``k`` the compiler reads at ``footprint``, byte for byte as the same plan
-        of the column it twins (compiled already): its lowering changes nothing
-        the compiler holds at its peak there, and its walk stops."""
+        of the column it twins (compiled already), and below every point that
+        recomputes nothing: the plan changed the compiler's peak and the
+        lowering did not, and the twin's walk stops. (A plan read as a program
+        with no recompute left the peak where it was: that says nothing of
+        the lowering.)"""
         twin_of = self.columns[column].twin_of
         base = next((c for c, col in enumerate(self.columns) if col.name == twin_of), None)
         return (base is not None and (base, k) in self._measured
-                and self.point(base, k).footprint == footprint)
+                and self.point(base, k).footprint == footprint
+                and all(footprint < p.footprint for p in self.points.values()
+                        if p.extra_flops == 0))
 
     def _between(self, column: int, met: int, missed: int, limit: int) -> int:
         """The rung to refine with, between ``met`` (within ``limit``) and

@@ -768,7 +768,30 @@ def test_a_twin_read_byte_for_byte_as_its_column_stops_its_walk():
         gate = _scaled_column("gate", 1.0)
         cond = dataclasses.replace(_scaled_column("cond", 1.0, rank=1), twin_of="gate",
                                    walked_after=frozenset({0}))
-        got = Frontier([gate, cond], measure).answer(650)
+        got = Frontier([gate, cond], measure, Point((), 1000, 0.0, "plain")).answer(650)
         assert got.footprint <= 650
         assert (compiled.count("cond") > 1) == lowering_counts, compiled
         assert (got.column == "cond") == lowering_counts
+
+
+def test_a_twin_read_as_the_plain_program_walks_on():
+    # As above, but the compiler reads gate's upper plans (and cond's, alike) at
+    # the plain program's 700: those plans left its peak where it was, which
+    # says nothing of the lowering. Below, cond reads its plans lower (the
+    # target + 40 against + 50), and its walk, bound by gate's answer, finds one
+    # within 650 that recomputes less.
+    def reads(name, t):
+        return 700 if t >= 640 else t + (40 if name == "cond" else 50)
+
+    compiled = []
+
+    def measure(cand):
+        compiled.append(cand.key[0])
+        return Point(cand.key, reads(*cand.key), cand.extra_flops, "")
+
+    gate = dataclasses.replace(_scaled_column("gate", 1.0), model_per_xla=0.01)
+    cond = dataclasses.replace(gate, name="cond", rank=1, twin_of="gate",
+                               walked_after=frozenset({0}),
+                               plan=lambda t: Candidate(("cond", t), t, PEAK - t))
+    got = Frontier([gate, cond], measure, Point((), 700, 0.0, "plain")).answer(650)
+    assert got.column == "cond" and got.footprint <= 650
