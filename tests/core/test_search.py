@@ -170,18 +170,25 @@ def test_a_walk_stops_at_its_share_of_the_bound():
     assert planned == ["a"] * 4 + ["b", "a", "a"]
 
 
-def test_a_walk_cut_at_its_share_resumes_for_less_recompute():
-    # "a" reads its plans over the limit down to 400 model bytes, then within;
-    # "b" meets the limit at its start but recomputes 3x as much. a's walk runs
-    # out of its share on the way down; resumed after b met the limit, it meets
-    # it with less recompute, as a lower limit's walk of a would
-    a, b = _scaled_column("a", 1.0), _scaled_column("b", 3.0)
-    a = dataclasses.replace(a, model_per_xla=0.01)       # (one rung at a time)
+def _a_meets_below_400(b_factor, b_rank=0):
+    """Columns "a" (one rung per step, read at 800 above target 400, within
+    below) and "b" (recomputing ``b_factor`` times a's at a target, read at
+    its peak), and the compiler reading them."""
+    a = dataclasses.replace(_scaled_column("a", 1.0), model_per_xla=0.01)
 
     def measure(cand):
         name, t = cand.key
         return Point(cand.key, 800 if name == "a" and t > 400 else t,
                      cand.extra_flops, "")
+    return a, _scaled_column("b", b_factor, rank=b_rank), measure
+
+
+def test_a_walk_cut_at_its_share_resumes_for_less_recompute():
+    # "a" reads its plans over the limit down to 400 model bytes, then within;
+    # "b" meets the limit at its start but recomputes 3x as much. a's walk runs
+    # out of its share on the way down; resumed after b met the limit, it meets
+    # it with less recompute, as a lower limit's walk of a would
+    a, b, measure = _a_meets_below_400(3.0)
     f = Frontier([a, b], measure, max_compiles=20)
     got = f.answer(700)
     assert got is not None and got.key[0] == "a"
@@ -193,13 +200,7 @@ def test_a_walk_cut_at_its_share_resumes_for_less_recompute():
 def test_a_cut_walk_resumes_after_an_answer_of_another_rank():
     # as above, but "b" is of another rank (another order): "a"'s cut walk,
     # not a new column, still resumes after b met the limit
-    a, b = _scaled_column("a", 1.0), _scaled_column("b", 3.0, rank=2)
-    a = dataclasses.replace(a, model_per_xla=0.01)
-
-    def measure(cand):
-        name, t = cand.key
-        return Point(cand.key, 800 if name == "a" and t > 400 else t,
-                     cand.extra_flops, "")
+    a, b, measure = _a_meets_below_400(3.0, b_rank=2)
     got = Frontier([a, b], measure, max_compiles=20).answer(700)
     assert got is not None and got.key[0] == "a"
     assert got.extra_flops <= Frontier([a, b], measure, max_compiles=20).answer(450).extra_flops
@@ -211,13 +212,7 @@ def test_a_resumed_walk_goes_on_as_a_lower_limits_walk_below_its_start():
     # below its start, a walk compiles any plan recomputing less than the
     # answer (MIN_SAVING is asked of its start only), resumed or not, so the
     # resumed walk of "a" answers, as a lower limit's walk of a does
-    a, b = _scaled_column("a", 1.0), _scaled_column("b", 2.1)
-    a = dataclasses.replace(a, model_per_xla=0.01)
-
-    def measure(cand):
-        name, t = cand.key
-        return Point(cand.key, 800 if name == "a" and t > 400 else t,
-                     cand.extra_flops, "")
+    a, b, measure = _a_meets_below_400(2.1)
     got = Frontier([a, b], measure, max_compiles=8).answer(700)
     lower = Frontier([a, b], measure, max_compiles=8).answer(450)
     assert got.key[0] == lower.key[0] == "a"
