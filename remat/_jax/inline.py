@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from remat._jax.compat import core, pe
+from remat._jax.op_model import SHARDING_ANNOTATIONS
 
 #: Checkpoint regions (``jax.checkpoint``'s and ``remat.checkpoint``'s).
 REGIONS = frozenset({"remat2", "remat", "checkpoint"})
@@ -140,7 +141,13 @@ def _folded(eqn: core.JaxprEqn, invars: list) -> list | None:
     literals (as XLA folds it: a ``lax.switch`` on a constant index clamps it
     first), or None. Only what a conditional's index is made of: folding runs the
     equation eagerly, which compiles it (tens of milliseconds on a first call),
-    and XLA folds the rest itself (a mean's ``1 / n``)."""
+    and XLA folds the rest itself (a mean's ``1 / n``). A sharding annotation of
+    a scalar constant (a gradient's seed ``1.0`` under ``jax.jit``'s shardings)
+    is that constant, whatever its type: kept, the planner would count it as
+    communication in every region that reads it."""
+    if (eqn.primitive.name in SHARDING_ANNOTATIONS and len(invars) == len(eqn.outvars) == 1
+            and isinstance(invars[0], core.Literal) and eqn.outvars[0].aval.shape == ()):
+        return [core.Literal(invars[0].val, eqn.outvars[0].aval)]
     if (not all(isinstance(v, core.Literal) for v in invars) or eqn.effects
             or not all(getattr(v.aval, "shape", None) == () and _is_index_dtype(v.aval)
                        for v in eqn.outvars)

@@ -141,3 +141,14 @@ def test_a_float_scalar_of_constants_is_left_to_the_compiler():
     flat = inline_calls(jax.make_jaxpr(f)(jnp.ones(4)))
     assert "div" in _primitives(flat) and "mul" in _primitives(flat)
     np.testing.assert_allclose(core.jaxpr_as_fun(flat)(jnp.ones(4))[0], 7.0)
+
+
+def test_a_sharding_annotation_of_a_scalar_constant_is_the_constant():
+    # jax.jit with shardings annotates a gradient's seed (reshard 1.0); kept,
+    # the planner would count it as communication in each region reading it
+    from jax.sharding import NamedSharding, PartitionSpec
+    replicated = NamedSharding(jax.make_mesh((1,), ("d",)), PartitionSpec())
+    f = lambda x: jax.lax.with_sharding_constraint(1.0, replicated) - x
+    flat = inline_calls(jax.make_jaxpr(f)(jnp.ones(3)))
+    assert "sharding_constraint" not in _primitives(flat)
+    np.testing.assert_allclose(core.jaxpr_as_fun(flat)(jnp.full(3, 0.25))[0], 0.75)
