@@ -20,21 +20,15 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
 1. The plain program, if it is within the limit.
 2. On each column in turn, a walk: from the highest rung at or below the
    column's estimate of the limit in the model, compile; while the compiler reads
-   the plan over the limit, step down by the miss converted into the model (at
-   least one rung), and after two misses twice the last step where the
-   footprint did not fall (the plans between drop nothing the compiler holds
-   at its peak: one rung at a time would spend a compile on each), and while
-   no plan is known within the limit, at least as far as the line through
-   their footprints puts the limit, up to twice the last step (a walk for less
-   recompute than an answer steps one rung: any rung may hold a cheaper plan);
-   once a plan is within it, refine between it and the last
-   miss (as many plans as a bisect of the rungs between them takes, and at
-   least :data:`REFINES`: a higher rung recomputes less), at the
-   rung the line through their two footprints puts at the limit, and halfway
-   where it puts none between them within it or once such a rung missed (the
-   compiler's footprint is seldom a line in the model's target); then, with
-   the refines left, a quick column's rungs the walk stepped over above its
-   lowest miss, top down (a rung between two misses can meet).
+   the plan over the limit, step down (:mod:`remat.core.steps`: by the miss
+   converted into the model, at least one rung, further after misses that did
+   not fall); once a plan is within it, refine between it and the last miss
+   (as many plans as a bisect of the rungs between them takes, and at least
+   :data:`REFINES`: a higher rung recomputes less), at the rung the line
+   through their two footprints puts at the limit, and halfway where it puts
+   none between them or once such a rung missed; then, with the refines left,
+   a quick column's rungs the walk stepped over above its lowest miss, top
+   down (a rung between two misses can meet).
    A twin's walk (``Column.twin_of``: its column's plans under another
    lowering) ends at a miss the compiler reads byte for byte as the same plan
    of its column, below every point that recomputes nothing: there the plan
@@ -127,6 +121,7 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 
 from .columns import FINE_RUNGS, RUNGS, Candidate, Column, Point, rungs
+from .steps import rung_below, rung_between, rungs_to_step
 
 __all__ = ["RUNGS", "FINE_RUNGS", "REFINES", "MIN_SAVING", "MAX_COMPILES", "Candidate",
            "Point", "Column", "Frontier", "rungs"]
@@ -293,33 +288,14 @@ class Frontier:
     def _below(self, column: int, k: int, footprint: int, missed: int | None,
                limit: int, bound: float) -> int:
         """The rung a walk compiles after a miss at ``k`` read at ``footprint``
-        (its miss before at ``missed``): down by the miss converted into the
-        model, at least :meth:`_step`'s rungs."""
+        (its miss before at ``missed``; :mod:`remat.core.steps`)."""
         col = self.columns[column]
-        step = self._step(column, k, footprint, missed, limit, bound)
-        peak = min(col.rungs[k], self._planned[column, k].model_peak)
-        target = peak - math.ceil((footprint - limit) * col.model_per_xla)
-        return max(min(k - step, bisect.bisect_right(col.rungs, target) - 1), 0)
-
-    def _step(self, column: int, k: int, lo: int, missed: int | None, limit: int,
-              bound: float) -> int:
-        """Rungs to step down after a miss at ``k`` read at ``lo``, the walk's
-        last miss at ``missed`` (None: none yet): one, or after two misses,
-        twice the last step where the footprint did not fall (the plans between
-        drop nothing the compiler holds at its peak), else, while no answer
-        ``bound``s the walk, as far as the line through their footprints puts
-        the limit, at most twice the last step (a walk for less recompute than
-        an answer goes on one rung at a time: any rung may hold a cheaper plan)."""
-        if missed is None:
-            return 1
-        col, last = self.columns[column], missed - k
-        hi = self.point(column, missed).footprint
-        if hi <= lo:
-            return 2 * last
-        if bound < math.inf:
-            return 1
-        target = col.rungs[k] - (lo - limit) * (col.rungs[missed] - col.rungs[k]) / (hi - lo)
-        return min(2 * last, max(1, k - (bisect.bisect_right(col.rungs, target) - 1)))
+        hi = None if missed is None else self.point(column, missed).footprint
+        step = rungs_to_step(col.rungs, k, lo=footprint, missed=missed, hi=hi, limit=limit,
+                             bounded=bound < math.inf)
+        return rung_below(col.rungs, k, peak=self._planned[column, k].model_peak,
+                          footprint=footprint, limit=limit,
+                          model_per_xla=col.model_per_xla, step=step)
 
     def _reads_as_twin(self, column: int, k: int, footprint: int) -> bool:
         """Whether ``column`` is a twin (``Column.twin_of``) whose plan at rung
@@ -337,16 +313,10 @@ class Frontier:
                         if p.extra_flops == 0))
 
     def _between(self, column: int, met: int, missed: int, limit: int) -> int:
-        """The rung to refine with, between ``met`` (within ``limit``) and
-        ``missed`` (over it): the highest below ``missed`` that the line through
-        their two compiled footprints puts within the limit (``met`` if none)."""
-        col = self.columns[column]
-        lo, hi = self.point(column, met).footprint, self.point(column, missed).footprint
-        if hi <= lo:                # no slope to go by: the middle
-            return (met + missed) // 2
-        t_lo, t_hi = col.rungs[met], col.rungs[missed]
-        target = t_lo + (limit - lo) * (t_hi - t_lo) // (hi - lo)
-        return max(met, min(missed - 1, bisect.bisect_right(col.rungs, target) - 1))
+        """The rung to refine with between ``met`` and ``missed`` (:mod:`remat.core.steps`)."""
+        return rung_between(self.columns[column].rungs, met=met,
+                            lo=self.point(column, met).footprint, missed=missed,
+                            hi=self.point(column, missed).footprint, limit=limit)
 
     def start(self, column: int, limit: int) -> int:
         """The rung a column starts at for ``limit``: the highest at or below its

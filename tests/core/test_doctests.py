@@ -13,7 +13,7 @@ MODULES = [
     "remat.core.algorithms.consolidate", "remat.core.bounds",
     "remat.core.algorithms.cost", "remat.core.columns", "remat.core.search", "remat.core.scheduled",
     "remat.core.evaluate", "remat.core.algorithms", "remat.core.algorithms.optimal",
-    "remat.core.algorithms.optimal_candidates", "remat.core.column_plans",
+    "remat.core.algorithms.optimal_candidates", "remat.core.column_plans", "remat.core.steps",
 ]
 
 
