@@ -19,11 +19,14 @@ alias bytes):
 - **vs optimal** (not with ``--quick``): the default's extra FLOPs over those of
   ``algorithm="optimal"`` at the lowest hand limit, where both meet it;
 - **plan / compile**: ``Plan.plan_seconds`` (median over the program's plans) and
-  the whole ``remat.plan`` call (median), each over one plain compile.
+  the whole ``remat.plan`` call (median), each over one plain compile; the
+  summary counts the met limits whose call took at most 3 plain compiles, and a
+  section lists every call over that (its compiles, the column that answered).
 
 Only the public API is used (``remat.plan``, ``remat.checkpoint``,
 ``remat.MemoryLimitError`` and the Plan's ``met``, ``planned``, ``extra_flops``,
-``plan_seconds``), so the benchmark measures whatever pass the package holds.
+``plan_seconds``, ``compiles``, ``algorithm``), so the benchmark measures
+whatever pass the package holds.
 
 Run from the repository root: ``python -m bench.bench_generalization [--seeds N]
 [--first K] [--quick]``. Writes ``bench/results/generalization.md`` (one row per
@@ -51,6 +54,9 @@ FULL_FRACTIONS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 QUICK_FRACTIONS = (0.5, 0.8)
 #: The hand segmentations: blocks per ``remat.checkpoint``.
 SEGMENTS = (1, 2)
+#: The issue's bound on a first call, in plain compiles (the attempts over it are
+#: listed with what they compiled).
+FIRST_CALL_FLOOR = 3.0
 #: Relative slack when comparing extra FLOPs of two plans (float sums).
 _FLOPS_RTOL = 1e-9
 
@@ -75,6 +81,8 @@ class Attempt:
     plan_seconds: float | None
     wall_seconds: float
     error: str = ""
+    compiles: int | None = None     # programs the search compiled (None when refused)
+    planner: str = ""               # the column that planned the answer (Plan.algorithm)
 
 
 def plan_at(program: Program, label: str, limit: int, **settings) -> Attempt:
@@ -87,7 +95,8 @@ def plan_at(program: Program, label: str, limit: int, **settings) -> Attempt:
         return Attempt(label, limit, False, None, None, None,
                        time.perf_counter() - start, str(e))
     return Attempt(label, limit, bool(p.met), p.planned.total, float(p.extra_flops),
-                   p.plan_seconds, time.perf_counter() - start)
+                   p.plan_seconds, time.perf_counter() - start, compiles=p.compiles,
+                   planner=p.algorithm)
 
 
 def monotone_violations(attempts: list[Attempt]) -> list[str]:
@@ -206,8 +215,12 @@ def summary(rows: list[Row]) -> str:
     if plan_ratio:
         text += (f", planning / compile median {statistics.median(plan_ratio):.2f}x "
                  f"(max {max(plan_ratio):.2f}x)")
+    met = [a for r in rows for a in r.attempts if a.met]
+    within = sum(a.wall_seconds <= FIRST_CALL_FLOOR * r.compile_seconds
+                 for r in rows for a in r.attempts if a.met)
     return text + (f", whole plan call / compile median "
-                   f"{statistics.median(wall_ratio):.2f}x (max {max(wall_ratio):.2f}x)")
+                   f"{statistics.median(wall_ratio):.2f}x (max {max(wall_ratio):.2f}x), "
+                   f"met limits planned within {FIRST_CALL_FLOOR:g}x {within}/{len(met)}")
 
 
 def table(rows: list[Row], fractions) -> str:
@@ -230,6 +243,24 @@ def table(rows: list[Row], fractions) -> str:
             f"{'-' if ratio is None else f'{ratio:.2f}x'} | "
             f"{'-' if plan_ratio is None else f'{plan_ratio:.2f}'} | "
             f"{wall_ratio:.2f} |")
+    return "\n".join(lines)
+
+
+def slow_calls(rows: list[Row]) -> str:
+    """The attempts whose whole ``remat.plan`` call took over
+    :data:`FIRST_CALL_FLOOR` plain compiles, slowest first: what they compiled,
+    and what answered them."""
+    slow = sorted(((a.wall_seconds / r.compile_seconds, r, a) for r in rows
+                   for a in r.attempts if a.wall_seconds > FIRST_CALL_FLOOR * r.compile_seconds),
+                  key=lambda t: -t[0])
+    if not slow:
+        return "None."
+    lines = ["| program | limit | answer | compiles | plan/compile | call/compile |",
+             "|---|---|---|---:|---:|---:|"]
+    for ratio, r, a in slow:
+        plan = "-" if a.plan_seconds is None else f"{a.plan_seconds / r.compile_seconds:.2f}"
+        lines.append(f"| {r.name} | {a.label} | {a.planner if a.met else 'refused'} | "
+                     f"{'-' if a.compiles is None else a.compiles} | {plan} | {ratio:.2f} |")
     return "\n".join(lines)
 
 
@@ -264,6 +295,7 @@ def write(rows: list[Row], fractions, flags: str) -> str:
         f"**{text}**\n\n" + table(rows, fractions) + "\n\n"
         "## Refused hand limits and monotonicity violations\n\n"
         + ("\n".join(notes) if notes else "None.") + "\n\n"
+        f"## Calls over {FIRST_CALL_FLOOR:g}x a plain compile\n\n" + slow_calls(rows) + "\n\n"
         "## Programs\n\n" + descriptions + "\n")
     return text
 
