@@ -141,6 +141,36 @@ def test_a_search_stops_after_max_compiles_and_answers_with_what_it_compiled():
     assert g.compiles == g.start(0, FLOOR + 150) + g.start(1, FLOOR + 150) + 2
 
 
+def test_slow_plans_repeating_a_compiled_one_count_against_the_bound_in_the_fill():
+    # a solver below its reach answers every lower target with its plan of least
+    # peak: in step 3 each such plan took a solve and added no point
+    def slow_column(planned):
+        def plan(target):
+            planned.append(target)
+            return Candidate(("least",), 600, 1.0)
+        return Column("slow", rungs(FLOOR, PEAK), 1.0, lambda limit: limit, plan,
+                      plans_quickly=False)
+
+    limit = FLOOR + 100
+    bounded, unbounded = [], []
+    measure, compiled = _fake_compiler(0, spread=0)
+    f = Frontier([slow_column(bounded)], measure, max_compiles=5)
+    assert f.answer(limit) is None and f.out_of_compiles
+    assert compiled == [("least",)]
+    # the walk: its start, then rung 0 (the miss, converted, is below the
+    # floor); then the fill, counting each repeat, to the bound of 5
+    assert len(bounded) == 2 + 5 < f.start(0, limit) + 1
+    g = Frontier([slow_column(unbounded)], measure, max_compiles=10_000)
+    assert g.answer(limit) is None and not g.out_of_compiles
+    assert len(unbounded) == g.start(0, limit) + 1      # every rung at or below the start
+    # a quick column's repeats cost no solve, and do not count
+    planned = []
+    h = Frontier([dataclasses.replace(slow_column(planned), plans_quickly=True)], measure,
+                 max_compiles=5)
+    assert h.answer(limit) is None and not h.out_of_compiles
+    assert len(planned) == h.start(0, limit) + 1
+
+
 def test_a_walk_stops_at_its_share_of_the_bound():
     # column "a" reads every plan 1 over the limit (its steps double: 1, 2, 4);
     # "b" meets it at its start: walked after a's share, not after the bound
