@@ -94,11 +94,17 @@ def refusal(planner: Planner, limit: int) -> str:
     frontiers = [f for f in (planner.frontier, planner.fused) if f is not None]
     plans = (f"{sum(f.compiles for f in frontiers)} distinct plans of "
              f"{', '.join(map(repr, algorithms))} compiled")
-    searched = (f"the search stopped at its bound of {planner.frontier.max_compiles} "
-                f"plans for this limit (compiled, or a slow algorithm's plan repeating "
-                f"one compiled), with planning targets at or below it left untried "
-                f"({plans})" if any(f.out_of_compiles for f in frontiers) else
-                f"every planning target at or below this limit's was tried ({plans})")
+    untried = sum(f.untried for f in frontiers)
+    if any(f.out_of_compiles for f in frontiers):
+        searched = (f"the search stopped after compiling {planner.frontier.max_compiles} "
+                    f"plans for this limit, with planning targets at or below it left "
+                    f"untried ({plans})")
+    elif untried:
+        searched = (f"every planning target at or below this limit's was tried but "
+                    f"{untried} of a slow algorithm's, below plans of it that repeated "
+                    f"one compiled ({plans})")
+    else:
+        searched = f"every planning target at or below this limit's was tried ({plans})"
     text = (f"remat: cannot meet memory_limit={format_bytes(limit)} ({limit} bytes). "
             f"XLA's footprint of the program is {format_bytes(base.total)}; the least "
             f"reached is {format_bytes(lowest.footprint)} ({lowest.footprint} bytes; "

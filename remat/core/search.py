@@ -73,16 +73,15 @@ Answering a limit (bytes in the compiler's terms), :meth:`Frontier.answer`:
    plan within the limit.
 3. If no walk met it and no point was known within it, on each column every
    rung at or below its start not compiled yet (the last resorts' last), until
-   a plan is within the limit. Here a slow column's plan that repeats one
-   compiled counts as a compile: planning it took a solve's time, often more
-   than a compile's, and added no point (a solver below its reach answers
-   every lower target with its plan of least peak).
+   a plan is within the limit; a slow column's only until its share of plans
+   repeated one compiled (a solver below its reach answers every lower target
+   with its plan of least peak: each such rung costs a solve, often longer
+   than a compile, and adds no point).
 4. The answer: the cheapest point known (from any limit asked of this frontier
    before, too) within the limit; None if no plan compiled is within it.
 
-Steps 2 and 3 compile at most :data:`MAX_COMPILES` plans for one limit (step 3's
-repeats counted); then the search stops and step 4 answers
-(``Frontier.out_of_compiles`` is set).
+Steps 2 and 3 compile at most :data:`MAX_COMPILES` plans for one limit; then the
+search stops and step 4 answers (``Frontier.out_of_compiles`` is set).
 
 Compiling ahead. Given a ``compile_ahead`` callable, each compile starts beside
 it the one the search may make next: while no plan is within the limit, that of
@@ -140,8 +139,7 @@ REFINES = 2
 #: search of a cheaper answer (a refine, or a walk after the limit was met): the
 #: plans of neighbouring rungs often differ by a fraction of a percent.
 MIN_SAVING = 0.05
-#: Plans one limit's search compiles at most (walks and fill together, the fill's
-#: slow plans that repeat a compiled one counted too). Without a
+#: Plans one limit's search compiles at most (walks and fill together). Without a
 #: bound, a limit the compiler reads every plan of over (recomputing makes it hold
 #: more, not less) would compile every rung of every column: hundreds.
 MAX_COMPILES = 40
@@ -179,11 +177,11 @@ class Frontier:
         self._planned: dict[tuple[int, int], Candidate] = {}   # (column, rung)
         self._measured: set[tuple[int, int]] = set()           # (column, rung)
         self.compiles = 0
-        self._spent = 0     # compiles, and step 3's slow plans that repeat a compiled one
         self.max_compiles = MAX_COMPILES if max_compiles is None else max_compiles
-        self._stop_at: int | None = None    # while answering: _spent to stop at
+        self._stop_at: int | None = None    # while answering: compiles to stop at
         self._cut: dict[int, tuple] = {}    # walks cut at their share: (k, missed, before)
         self.out_of_compiles = False    # whether the last answer's search hit the bound
+        self.untried = 0    # rungs the last answer's fill left (slow plans repeating)
 
     def candidate(self, column: int, rung: int) -> Candidate:
         """The plan of ``column`` at ``rung`` (each planned once)."""
@@ -194,21 +192,16 @@ class Frontier:
         return cand
 
     def point(self, column: int, rung: int,
-              ahead: Callable[[Hashable], tuple[int, int] | None] | None = None,
-              repeats_count: bool = False) -> Point:
+              ahead: Callable[[Hashable], tuple[int, int] | None] | None = None
+              ) -> Point:
         """The plan of ``column`` at ``rung``, compiled (each plan once); if it
         is compiled now, ``ahead(its key)`` names the (column, rung) whose plan
-        starts compiling beside it (with ``compile_ahead``). A compile counts
-        against the search's bound; with ``repeats_count`` (step 3), so does a
-        slow column's plan made now that repeats one compiled."""
+        starts compiling beside it (with ``compile_ahead``)."""
         cand = self.candidate(column, rung)
         known = self.points.get(cand.key)
-        if known is None or (repeats_count and (column, rung) not in self._measured
-                             and not self.columns[column].plans_quickly):
-            if self._stop_at is not None and self._spent >= self._stop_at:
-                self.out_of_compiles = True
-                raise _OutOfCompiles        # (the rung stays to compile)
-            self._spent += 1
+        if known is None and self._stop_at is not None and self.compiles >= self._stop_at:
+            self.out_of_compiles = True
+            raise _OutOfCompiles        # (the rung stays to compile)
         self._measured.add((column, rung))
         if known is None:
             if self._compile_ahead is not None:
@@ -337,20 +330,32 @@ class Frontier:
 
     def fill(self, limit: int) -> bool:
         """Step 3: the rungs at or below each column's start not compiled yet, from
-        the top down, until a plan meets ``limit``; True if one did."""
+        the top down, until a plan meets ``limit``; True if one did. A slow
+        column's fill ends once its share of plans repeated one compiled
+        (``untried`` counts the rungs it left)."""
         columns = sorted(range(len(self.columns)), key=lambda c: self.columns[c].last_resort)
-        return self._first_within(limit, [
-            (c, k) for c in columns
-            for k in reversed(range(self.start(c, limit) + 1)) if (c, k) not in self._measured],
-            repeats_count=True)
+        todo = [(c, k) for c in columns for k in reversed(range(self.start(c, limit) + 1))
+                if (c, k) not in self._measured]
+        repeats, share = dict.fromkeys(range(len(self.columns)), 0), self._share()
+        for j, (c, k) in enumerate(todo):
+            if not self.columns[c].plans_quickly:
+                if repeats[c] >= share:
+                    self.untried += 1
+                    continue
+                repeats[c] += self.candidate(c, k).key in self.points
+            # beside it, the next rung's plan (a slow column's: planned in turn)
+            after = todo[j + 1] if j + 1 < len(todo) else None
+            after = after if after is not None and self.columns[after[0]].plans_quickly else None
+            if self.point(c, k, lambda key: after).footprint <= limit:
+                return True
+        return False
 
-    def _first_within(self, limit: int, todo: list[tuple[int, int]],
-                      repeats_count: bool = False) -> bool:
+    def _first_within(self, limit: int, todo: list[tuple[int, int]]) -> bool:
         """Compiles the (column, rung) plans of ``todo`` in turn (each with the
         next beside it) until one is within ``limit``; True if one was."""
         for j, (c, k) in enumerate(todo):
             after = todo[j + 1] if j + 1 < len(todo) else None
-            if self.point(c, k, lambda key: after, repeats_count).footprint <= limit:
+            if self.point(c, k, lambda key: after).footprint <= limit:
                 return True
         return False
 
@@ -416,10 +421,10 @@ class Frontier:
         """The cheapest point within ``limit`` after searching for it (the module's
         steps 1-4, compiling at most ``max_compiles`` plans); None if no plan
         compiled is within it."""
-        self.out_of_compiles, self._cut = False, {}
+        self.out_of_compiles, self._cut, self.untried = False, {}, 0
         if self.plain is not None and self.plain.footprint <= limit:
             return self.plain
-        self._stop_at = self._spent + self.max_compiles
+        self._stop_at = self.compiles + self.max_compiles
         try:
             self._search(limit)
         except _OutOfCompiles:

@@ -141,9 +141,9 @@ def test_a_search_stops_after_max_compiles_and_answers_with_what_it_compiled():
     assert g.compiles == g.start(0, FLOOR + 150) + g.start(1, FLOOR + 150) + 2
 
 
-def test_slow_plans_repeating_a_compiled_one_count_against_the_bound_in_the_fill():
+def test_a_slow_columns_fill_ends_after_its_share_of_repeated_plans():
     # a solver below its reach answers every lower target with its plan of least
-    # peak: in step 3 each such plan took a solve and added no point
+    # peak: in step 3 each such rung costs a solve and adds no point
     def slow_column(planned):
         def plan(target):
             planned.append(target)
@@ -151,24 +151,26 @@ def test_slow_plans_repeating_a_compiled_one_count_against_the_bound_in_the_fill
         return Column("slow", rungs(FLOOR, PEAK), 1.0, lambda limit: limit, plan,
                       plans_quickly=False)
 
-    limit = FLOOR + 100
-    bounded, unbounded = [], []
+    limit, planned = FLOOR + 100, []
     measure, compiled = _fake_compiler(0, spread=0)
-    f = Frontier([slow_column(bounded)], measure, max_compiles=5)
-    assert f.answer(limit) is None and f.out_of_compiles
+    f = Frontier([slow_column(planned)], measure, max_compiles=5)
+    assert f.answer(limit) is None and not f.out_of_compiles
     assert compiled == [("least",)]
     # the walk: its start, then rung 0 (the miss, converted, is below the
-    # floor); then the fill, counting each repeat, to the bound of 5
-    assert len(bounded) == 2 + 5 < f.start(0, limit) + 1
-    g = Frontier([slow_column(unbounded)], measure, max_compiles=10_000)
-    assert g.answer(limit) is None and not g.out_of_compiles
-    assert len(unbounded) == g.start(0, limit) + 1      # every rung at or below the start
-    # a quick column's repeats cost no solve, and do not count
+    # floor); then the fill, to its share (5, the only column) of repeats
+    assert len(planned) == 2 + 5
+    assert f.untried == f.start(0, limit) + 1 - len(planned) > 0
+    # a quick column's repeats cost no solve: its fill plans every rung
     planned = []
-    h = Frontier([dataclasses.replace(slow_column(planned), plans_quickly=True)], measure,
+    g = Frontier([dataclasses.replace(slow_column(planned), plans_quickly=True)], measure,
                  max_compiles=5)
-    assert h.answer(limit) is None and not h.out_of_compiles
-    assert len(planned) == h.start(0, limit) + 1
+    assert g.answer(limit) is None and not g.out_of_compiles and g.untried == 0
+    assert len(planned) == g.start(0, limit) + 1
+    # a new plan is not a repeat: a solver that finds one at each rung is filled whole
+    fresh = []
+    h = Frontier([dataclasses.replace(slow_column(fresh), plan=lambda t: (
+        fresh.append(t), Candidate(("at", t), 600, 1.0))[1])], measure, max_compiles=5)
+    assert h.answer(limit) is None and h.untried == 0
 
 
 def test_a_walk_stops_at_its_share_of_the_bound():
