@@ -160,6 +160,24 @@ def test_a_search_stopped_by_its_bound_says_so(monkeypatch):
     assert "every planning target" not in str(refused.value)
 
 
+def test_a_refusal_says_which_slow_plans_it_left_untried(monkeypatch):
+    # "optimal" below its reach answers each lower target with its plan of least
+    # peak: the fill stops after its share of those repeats and says so
+    planner_module.forget_planners()
+    monkeypatch.setattr(search, "MAX_COMPILES", 4)
+    ws, x = _inputs(4)
+    fp = XlaFootprint.of(jax.jit(jax.grad(_loss)).lower(ws, x).compile())
+    with pytest.raises(remat.MemoryLimitError) as refused:
+        remat.plan(jax.grad(_loss), ws, x, memory_limit=fp.held_whatever + 4096,
+                   algorithm="optimal", small_node_limit=0)
+    [planner] = planner_module._PLANNERS.values()
+    untried = sum(f.untried for f in (planner.frontier, planner.fused) if f is not None)
+    assert untried > 0
+    assert (f"every planning target at or below this limit's was tried but {untried} "
+            "of a slow algorithm's, below plans of it that repeated one compiled"
+            ) in str(refused.value)
+
+
 def _optimal_column():
     """The first order's ``optimal`` column of a fresh planner for a small chain."""
     planner_module.forget_planners()
