@@ -145,37 +145,37 @@ def test_unreachable_limit_names_least_and_bound():
     assert plan.met and plan.planned.total <= error.least_bytes
 
 
-def test_a_search_stopped_by_its_bound_says_so(monkeypatch):
+def _refused_below_reach(monkeypatch, max_compiles, seed, **settings):
+    """The planner and message of a limit just above what the arguments and
+    outputs hold (below any plan's reach), searched with ``max_compiles``."""
     planner_module.forget_planners()
-    monkeypatch.setattr(search, "MAX_COMPILES", 2)
-    ws, x = _inputs(3)
+    monkeypatch.setattr(search, "MAX_COMPILES", max_compiles)
+    ws, x = _inputs(seed)
     fp = XlaFootprint.of(jax.jit(jax.grad(_loss)).lower(ws, x).compile())
     with pytest.raises(remat.MemoryLimitError) as refused:
         remat.plan(jax.grad(_loss), ws, x, memory_limit=fp.held_whatever + 4096,
-                   small_node_limit=0)
+                   small_node_limit=0, **settings)
     [planner] = planner_module._PLANNERS.values()
+    return planner, str(refused.value)
+
+
+def test_a_search_stopped_by_its_bound_says_so(monkeypatch):
+    planner, message = _refused_below_reach(monkeypatch, 2, 3)
     assert planner.frontier.compiles == 2 and planner.frontier.out_of_compiles
     assert ("the search stopped after compiling 2 plans for this limit, with planning "
-            "targets at or below it left untried (2 distinct plans") in str(refused.value)
-    assert "every planning target" not in str(refused.value)
+            "targets at or below it left untried (2 distinct plans") in message
+    assert "every planning target" not in message
 
 
 def test_a_refusal_says_which_slow_plans_it_left_untried(monkeypatch):
     # "optimal" below its reach answers each lower target with its plan of least
     # peak: the fill stops after its share of those repeats and says so
-    planner_module.forget_planners()
-    monkeypatch.setattr(search, "MAX_COMPILES", 4)
-    ws, x = _inputs(4)
-    fp = XlaFootprint.of(jax.jit(jax.grad(_loss)).lower(ws, x).compile())
-    with pytest.raises(remat.MemoryLimitError) as refused:
-        remat.plan(jax.grad(_loss), ws, x, memory_limit=fp.held_whatever + 4096,
-                   algorithm="optimal", small_node_limit=0)
-    [planner] = planner_module._PLANNERS.values()
+    monkeypatch.setenv("REMAT_FLAGS", "--solver_seconds=1")
+    planner, message = _refused_below_reach(monkeypatch, 4, 4, algorithm="optimal")
     untried = sum(f.untried for f in (planner.frontier, planner.fused) if f is not None)
     assert untried > 0
     assert (f"every planning target at or below this limit's was tried but {untried} "
-            "of a slow algorithm's, below plans of it that repeated one compiled"
-            ) in str(refused.value)
+            "of a slow algorithm's, below plans of it that repeated one compiled") in message
 
 
 def _optimal_column():
