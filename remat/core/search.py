@@ -93,15 +93,16 @@ Guarantees, by construction:
 
 * The start rung of a column never falls as the limit rises, and a limit is
   refused only when every rung of every column at or below its start is over it,
-  or when its search stopped at ``MAX_COMPILES``. So a limit that any one column
+  when its search stopped at ``MAX_COMPILES``, or when a slow column's fill
+  ended on repeated plans (``untried``). So a limit that any one column
   meets (``algorithm=`` selects one algorithm's columns) is met by a frontier
   holding that column and others, since a column plans nothing above its start
-  for a limit, unless the search stopped first.
+  for a limit, unless the search stopped first or left that column's rung.
 * Monotone: a point within a limit is within every higher one. A higher limit
   asked afterwards is met with no more recompute. A higher limit asked of a fresh
-  frontier is met too (unless its search stops first): the plan that met the
-  lower one sits at or below the lower limit's start, so at or below the higher
-  limit's, where step 3 looks.
+  frontier is met too (unless its search stops first, or leaves that rung): the
+  plan that met the lower one sits at or below the lower limit's start, so at or
+  below the higher limit's, where step 3 looks.
 
 >>> col = Column("demo", rungs=(10, 20, 30), model_per_xla=1.0,
 ...              estimate=lambda limit: limit,
