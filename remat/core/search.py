@@ -159,7 +159,8 @@ class Frontier:
       plain: the plain program's point, if known (it meets every limit above it).
       max_compiles: plans one limit's search compiles at most
         (:data:`MAX_COMPILES`); ``out_of_compiles`` says whether the last
-        answer's search stopped there.
+        answer's search stopped there, and ``untried`` how many rungs its fill
+        left to slow columns that repeated their plans (step 3).
       compile_ahead: a :class:`Candidate` -> None, starting its compile beside
         the search (``measure`` then waits for it), or None (the module's
         "Compiling ahead": the answers are the same either way).
