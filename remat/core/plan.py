@@ -315,10 +315,25 @@ def _read_by_a_follower(graph: Graph, v: int, outputs: frozenset[int]) -> bool:
             and sum(graph.values[w].nbytes for w in op.outputs) <= graph.values[v].nbytes)
 
 
+def _frees(graph: Graph, op_id: int) -> bool:
+    """Whether an op frees at least the bytes it takes: the temporaries it alone
+    reads against its results that are no program outputs (those have buffers
+    of their own from the start)."""
+    op, outputs = graph.ops[op_id], set(graph.outputs)
+    freed = sum(graph.values[v].nbytes for v in set(op.inputs)
+                if graph.values[v].producer is not None and v not in outputs
+                and all(u == op_id for u in graph.users[v]))
+    return freed > 0 and freed >= sum(graph.values[v].nbytes for v in op.outputs
+                                      if v not in outputs)
+
+
 def _unit_order(graph: Graph, schedule: Sequence[int], position, merged
                 ) -> list[int]:
     """Topological order of units: ops outside blocks (as op ids) and blocks (as
-    ``-1 - k``), earliest original position first.
+    ``-1 - k``), earliest original position first; an op that reads from a block
+    and frees at least what it takes (:func:`_frees`) ranks as the earliest
+    block it reads from (it runs once its operands are ready, not where the
+    original order put it: a plan moves what it reads earlier).
 
     Most ops neither are in a block nor read from one: their dependencies are
     their predecessors, as in the graph. Only blocks and the ops reading from
@@ -340,6 +355,7 @@ def _unit_order(graph: Graph, schedule: Sequence[int], position, merged
             unit[o] = n + k
     start = min(first[n:])
     deps: dict[int, set[int]] = {}
+    frees: dict[int, bool] = {}
     for k, (rec, _, hull) in enumerate(merged):
         u = n + k
         d = deps[u] = set()
@@ -356,6 +372,9 @@ def _unit_order(graph: Graph, schedule: Sequence[int], position, merged
                 if unit[s] == s and not special[s]:     # reads from the block
                     special[s] = True
                     deps[s] = {unit[p] for p in predecessors[s]}
+                    frees[s] = _frees(graph, s)
+                if frees.get(s):    # (a weight gradient's transpose): run it early
+                    first[s] = min(first[s], first[n + k])
     # what is left to run once the ops before ``start`` have: units still to wait for
     indegree = [0] * len(special)
     waiting: list[list[int]] = [[] for _ in special]     # specials waiting on a unit

@@ -138,9 +138,11 @@ def test_fusion_of_a_rewritten_graph_is_as_if_built_whole(first_seed):
 def _priority_order(graph, rw, position):
     """The running order apply_plan promises, worked out plainly: units (a block,
     or an op outside blocks) in a topological order of the rewritten program,
-    the earliest original position first (a block's: its first original op's).
-    A block's original ops also wait for what they read in ``graph`` (the
-    originals of the values the block recomputes for them)."""
+    the earliest original position first (a block's: its first original op's;
+    an op reading from blocks that frees at least the bytes it takes, not
+    counting program outputs: the earliest of those blocks'). A block's
+    original ops also wait for what they read in ``graph`` (the originals of
+    the values the block recomputes for them)."""
     import heapq
     g = rw.graph
     unit = [("op", o) if k < 0 else ("block", k) for o, k in enumerate(rw.region)]
@@ -148,6 +150,17 @@ def _priority_order(graph, rw, position):
     for o, u in enumerate(unit):
         if not rw.is_copy[o]:
             key[u] = min(key.get(u, len(position)), position[o])
+    outputs = set(graph.outputs)
+    for o, u in enumerate(unit):
+        if u[0] == "op" and not rw.is_copy[o]:
+            op = graph.ops[o]
+            sole = {v for v in op.inputs if graph.values[v].producer is not None
+                    and v not in outputs and set(graph.users[v]) == {o}}
+            taken = sum(graph.values[v].nbytes for v in op.outputs if v not in outputs)
+            freed = sum(graph.values[v].nbytes for v in sole)
+            read = [unit[p] for p in g.predecessors[o] if unit[p][0] == "block"]
+            if read and freed and freed >= taken:
+                key[u] = min([key[u]] + [key[b] for b in read])
     deps = {u: set() for u in key}
     for o, u in enumerate(unit):
         deps[u].update(unit[p] for p in g.predecessors[o] if unit[p] != u)
