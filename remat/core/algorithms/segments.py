@@ -8,11 +8,16 @@ algorithm makes those plans on any schedule, without knowing the blocks:
   turn from the forward pass to the backward one, in a training step) and read
   there or after, that may be dropped (a recomputable producer, not fused, not
   under a ``small_node_bytes`` the user gave).
-* A *cut* is a residual that every later residual depends on, but for those
-  computed from the program's inputs alone (a weight's cast): a block's input.
-* Keeping every ``k``-th cut (``k = 1, 2, ...``), or none, every other residual
-  is dropped and rebuilt, for its readers from the peak on, from the kept cuts and
-  the inputs: one region per segment between two kept cuts.
+* A *cut* is a value a segment starts from, of two kinds. A residual that every
+  later residual depends on, but for those computed from the program's inputs
+  alone (a weight's cast). And a block's input, as a user's ``checkpoint`` keeps
+  it: a value the forward pass runs through alone (after its op, no other value
+  derived from the data is read later in the forward pass), residual or not;
+  where a residual connection bypasses a block, only its ends are.
+* Keeping every ``k``-th cut (``k = 1, 2, ...``) of one kind, or of both, or
+  none, every other residual is dropped and rebuilt, for its readers from the
+  peak on, from the kept cuts and the inputs: one region per segment between two
+  kept cuts.
 
 Segment plans recompute each op of the forward pass about once whatever ``k``;
 they differ in what they hold. The plan for a limit is the one with the least
@@ -41,6 +46,9 @@ Example::
 """
 
 from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
 
 from ..evaluate import evaluate
 from ..options import RematOptions
@@ -106,11 +114,58 @@ def _segmentations(scheduled: Scheduled, small_node_bytes: int) -> list[list[Reg
     residuals.sort(key=lambda v: step_of[graph.values[v].producer])
     computed = _computed_ancestors(graph, residuals)
     chained = [v for v in residuals if computed[v]]     # not from the inputs alone
-    cuts = [v for i, v in enumerate(chained)
-            if all(v in computed[w] for w in chained[i + 1:])]
-    kept_sets = [set(cuts[k - 1::k]) for k in _spacings(len(cuts))] + [set()]
-    out = [_regions(graph, residuals, kept, far_readers) for kept in kept_sets]
-    return [regions for regions in out if regions]
+    dominating = [v for i, v in enumerate(chained)
+                  if all(v in computed[w] for w in chained[i + 1:])]
+    blocks = _block_inputs(graph, timeline.schedule[:turn], residuals)
+    both = sorted(set(dominating) | set(blocks), key=lambda v: step_of[graph.values[v].producer])
+    kept_sets = list(dict.fromkeys(
+        frozenset(cuts[k - 1::k]) for cuts in (dominating, blocks, both)
+        for k in _spacings(len(cuts))))
+    out = [_regions(graph, residuals, kept, far_readers, step_of)
+           for kept in (*kept_sets, frozenset())]
+    return list({tuple(regions): regions for regions in out if regions}.values())
+
+
+def _block_inputs(graph, forward: Sequence[int], residuals: list[int]) -> list[int]:
+    """The values the forward pass (the ops of ``forward``, in order) runs
+    through, each alone: after its op, no other value derived from the data is
+    read by a later op of the forward pass. The data are the inputs most
+    residuals derive from (weights enter one block each). A block of a model
+    begins at one: a residual connection's input is one, the values inside
+    the block it bypasses are not.
+
+    >>> from remat.core.graph import GraphBuilder
+    >>> b = GraphBuilder()
+    >>> x, w = b.add_input(8), b.add_input(8)
+    >>> (h,) = b.add_op("norm", [x, w], [8])
+    >>> (y,) = b.add_op("add", [x, h], [8])     # x + f(x): y is a block's input
+    >>> (z,) = b.add_op("tanh", [y], [8])
+    >>> _block_inputs(b.build(outputs=[z]), (0, 1, 2), [h, y])
+    [3]
+    """
+    derives = [0] * len(graph.values)       # the inputs each value derives from, as bits
+    for i, v in enumerate(graph.inputs):
+        derives[v] = 1 << i
+    last_read = {}
+    for step, op in enumerate(forward):
+        bits = 0
+        for u in graph.ops[op].inputs:
+            bits |= derives[u]
+            last_read[u] = step
+        for v in graph.ops[op].outputs:
+            derives[v] = bits
+    counts = [sum(derives[r] >> i & 1 for r in residuals) for i in range(len(graph.inputs))]
+    most = max(counts, default=0)
+    data = sum(1 << i for i, n in enumerate(counts) if n == most and most > 0)
+    pending = {v for v in graph.inputs if derives[v] & data and v in last_read}
+    cuts = []
+    for step, op in enumerate(forward):
+        outputs = graph.ops[op].outputs
+        pending.difference_update(u for u in graph.ops[op].inputs if last_read[u] == step)
+        pending.update(v for v in outputs if derives[v] & data and last_read.get(v, -1) > step)
+        if len(pending) == 1 and not pending.isdisjoint(outputs):
+            cuts.extend(pending)
+    return cuts
 
 
 #: Spacings of the kept cuts tried: every one up to this, then growing by half.
@@ -153,19 +208,18 @@ def _computed_ancestors(graph, residuals: list[int]) -> dict[int, set[int]]:
     return memo
 
 
-def _regions(graph, residuals: list[int], kept: set[int], far_readers) -> list[Region]:
+def _regions(graph, residuals: list[int], kept: frozenset[int], far_readers,
+             step_of: dict[int, int]) -> list[Region]:
     """One region per segment: the dropped residuals after a kept cut (up to the
     next one), rebuilt from the kept cuts and the inputs for their late readers."""
-    segments: list[list[int]] = [[]]
+    marks = sorted(step_of[graph.values[c].producer] for c in kept)
+    segments: dict[int, list[int]] = {}
     for v in residuals:
-        if v in kept:
-            segments.append([])
-        else:
-            segments[-1].append(v)
+        if v not in kept:
+            at = bisect.bisect_right(marks, step_of[graph.values[v].producer])
+            segments.setdefault(at, []).append(v)
     regions = []
-    for dropped in segments:
-        if not dropped:
-            continue
+    for _, dropped in sorted(segments.items()):
         ops: set[int] = set()
         stack = list(dropped)
         while stack:
