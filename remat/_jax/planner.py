@@ -155,7 +155,7 @@ class Planner:
         if fallback == "gate" and _spread(program):
             fallback = None    # partitioned, gated plans read as the plain program
         columns = laid_out(self._column, self.algorithms(), len(self.orders), fallback,
-                           lambda: self.frontier.points)      # (made below)
+                           lambda: self.frontier.points, self._whole)   # (made below)
         final = not program.measures_in_part
         plain = Point((), self.plain.total, 0.0, "plain",
                       Measured(planned_nothing, program.flat,
@@ -327,6 +327,14 @@ class Planner:
         return Column(name, self.plans.rungs(algorithm, order), per_xla, estimate,
                       self.plans.of(algorithm, order),
                       rank=2 * order, plans_quickly=algorithm not in LAST_RESORT)
+
+    def _whole(self, order: int) -> Column:
+        """``"segments"``' column on ``order``, its plans realized whole
+        (``ColumnPlans.whole``)."""
+        col = self._column("segments", order)
+        return dataclasses.replace(col, name=f"{col.name} (whole)",
+                                   plan=self.plans.whole(order),
+                                   twin_of=col.name)
 
     def _measure(self, cand: Candidate) -> Point:
         result, small, _ = cand.payload

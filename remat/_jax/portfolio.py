@@ -22,7 +22,11 @@ search walks them and gives each its rank:
   limit. The other orders' columns under the other lowering are last resorts:
   walked only after a slow column's answer, their rungs compiled after every
   other rung for a limit nothing else met (XLA's reading of a plan may depend on
-  its lowering more than on its order).
+  its lowering more than on its order);
+* ``"segments"``' plans realized as a checkpoint's regions are (each region
+  holding its segment's whole backward pass), under each lowering, are last
+  resorts after all: XLA reads some programs' segmentations lower so, others'
+  higher.
 
 >>> from remat.core.columns import Candidate, Column
 >>> def column(name, order):
@@ -71,23 +75,29 @@ def algorithms(options: RematOptions, num_ops: int) -> tuple[str, ...]:
 
 
 def laid_out(column: Callable[[str, int], Column], names: Sequence[str],
-             orders: int, fallback: str | None, points: Callable[[], dict]
-             ) -> list[Column]:
+             orders: int, fallback: str | None, points: Callable[[], dict],
+             whole: Callable[[int], Column] | None = None) -> list[Column]:
     """The columns of ``names`` (algorithms) on ``orders`` orders, ``column(name,
     order)`` each, in the order the search walks them (the module's rules);
     with ``fallback``, the platform's other lowering, the twins under it.
-    ``points()``: the frontier's points (read by :class:`WhileGatedReadsLower`)."""
+    ``points()``: the frontier's points (read by :class:`WhileGatedReadsLower`).
+    With ``whole``, ``"segments"``' plans on order ``k`` realized as checkpoints
+    are (``whole(k)``), last resorts after every other column."""
     others = [column(name, k) for k in range(1, orders)
               for name in names if name != "optimal"]
     columns = [*(column(name, 0) for name in names), *others]
     columns += [column("optimal", k) for k in range(1, orders) if "optimal" in names]
+    wholes = ([dataclasses.replace(whole(k), last_resort=True) for k in range(orders)]
+              if whole is not None and "segments" in names else [])
     if fallback is None:
-        return columns
+        return [*columns, *wholes]
+    wholes += [dataclasses.replace(relowered(col, fallback, points), last_resort=True)
+               for col in wholes]
     first = len(names)
     return [*(c for col in columns[:first] for c in (col, relowered(col, fallback, points))),
             *columns[first:],
             *(dataclasses.replace(relowered(col, fallback, points), last_resort=True)
-              for col in others)]
+              for col in others), *wholes]
 
 
 class WhileGatedReadsLower:

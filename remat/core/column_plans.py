@@ -38,11 +38,13 @@ setting, every (algorithm, order) of it. Rules:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 
 from .algorithms import consolidated, get_algorithm, may_recompute
 from .algorithms.optimal import plan_optimal
+from .algorithms.segments import with_followers
 from .bounds import planner_floor
 from .gc_pause import gc_paused
 from .options import PORTFOLIO, RematOptions
@@ -118,6 +120,28 @@ class ColumnPlans:
         if (algorithm, order) not in self._plans:
             self._plans[algorithm, order] = self._planning(algorithm, order)
         return self._plans[algorithm, order]
+
+    def whole(self, order: int) -> Callable[[int], Candidate]:
+        """A model target -> ``"segments"``' plan on ``order`` for it, each region
+        holding its followers (:func:`~remat.core.algorithms.segments.with_followers`;
+        the segments plan itself where no region has one)."""
+        if ("segments, whole", order) not in self._plans:
+            segments, scheduled = self.of("segments", order), self.orders[order]
+
+            def plan(target: int) -> Candidate:
+                cand = segments(target)
+                result, small, lowering = cand.payload
+                start = time.perf_counter()
+                with gc_paused():
+                    realized = with_followers(scheduled, result)
+                self.seconds += time.perf_counter() - start
+                if realized is result:
+                    return cand
+                return Candidate(realized.regions, realized.timeline.peak_bytes,
+                                 realized.extra_flops, (realized, small, lowering))
+
+            self._plans["segments, whole", order] = functools.cache(plan)
+        return self._plans["segments, whole", order]
 
     def _planning(self, algorithm: str, order: int) -> Callable[[int], Candidate]:
         scheduled = self.orders[order]

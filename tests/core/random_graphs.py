@@ -63,3 +63,31 @@ def training_chain(layers: int, act_bytes: int = 1000, weight_bytes: int = 10) -
         (g,) = b.add_op("dot", [g, weights[i - 1], acts[i]], [act_bytes], flops=100)
         grads.append(dw)
     return b.build(outputs=grads)
+
+
+def residual_blocks() -> Graph:
+    """A gradient step of two blocks ``h -> h + tanh(norm(h) @ w)``: ops 0-3 and
+    4-7 the blocks, 8 the loss, 9-13 and 14-18 their backward passes (tanh_grad,
+    the weight's dot, the cotangent's dot, norm_grad, the sum passed on); the
+    backward reads no block's input, and its first op is the peak."""
+    b = GraphBuilder()
+    x, w1, w2 = b.add_input(1000), b.add_input(10), b.add_input(10)
+
+    def block(h, w):
+        (n,) = b.add_op("norm", [h], [1000], flops=10)
+        (a,) = b.add_op("dot", [n, w], [1000], flops=100)
+        (t,) = b.add_op("tanh", [a], [1000], flops=10)
+        (out,) = b.add_op("add", [h, t], [1000], flops=10)
+        return n, t, out
+
+    n1, t1, h1 = block(x, w1)
+    n2, t2, h2 = block(h1, w2)
+    (loss,) = b.add_op("reduce_sum", [h2], [4], flops=10)
+    grads, g = [], loss
+    for n, t, w in ((n2, t2, w2), (n1, t1, w1)):
+        (da,) = b.add_op("tanh_grad", [g, t], [3000], flops=10)
+        grads += b.add_op("dot", [da, n], [10], flops=100)
+        (dn,) = b.add_op("dot", [da, w], [1000], flops=100)
+        (dh,) = b.add_op("norm_grad", [dn, n], [1000], flops=10)
+        (g,) = b.add_op("add", [dh, g], [1000], flops=10)
+    return b.build(outputs=grads)

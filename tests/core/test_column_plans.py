@@ -11,7 +11,7 @@ from remat.core.options import RematOptions
 from remat.core.scheduled import on_schedule
 from remat.core.schedulers import get_scheduler
 
-from .random_graphs import random_dag
+from .random_graphs import random_dag, residual_blocks
 
 
 def _plans(graph, **options):
@@ -102,3 +102,21 @@ def test_optimal_in_the_default_solves_for_at_most_its_seconds(
     plans = _plans(random_dag(6, num_ops=15), solver_seconds=seconds, algorithm=algorithm)
     plans.of("optimal", 0)(plans.rungs("optimal", 0)[-1])
     assert limits == [expected]
+
+
+def test_segments_plans_realized_whole_add_the_followers_and_nothing_else():
+    # each target's segments plan, its regions holding their followers: the
+    # same recompute, other regions; a plan without followers is itself
+    graph = residual_blocks()
+    plans = ColumnPlans([on_schedule(graph, tuple(range(graph.num_ops)))],
+                        RematOptions(0, "segments"))
+    whole, segments = plans.whole(0), plans.of("segments", 0)
+    changed = 0
+    for target in plans.rungs("segments", 0):
+        a, b = segments(target), whole(target)
+        assert whole(target) is b and b.extra_flops == a.extra_flops
+        if b is not a:
+            changed += 1
+            assert set(b.key) != set(a.key) and all(
+                any(set(r.consumers) <= set(s.consumers) for s in b.key) for r in a.key)
+    assert changed

@@ -1,13 +1,14 @@
 """``"segments"``: the plans a hand-written segmentation makes, found on the schedule."""
 
-from remat.core.algorithms.segments import _segmentations, plan_segments
+from remat.core.algorithms.result import PlanResult
+from remat.core.algorithms.segments import _segmentations, plan_segments, with_followers
 from remat.core.graph import GraphBuilder
 from remat.core.options import RematOptions
 from remat.core.scheduled import on_schedule
 from remat.core.evaluate import evaluate
 from remat.core.simulate import check_schedule
 
-from .random_graphs import training_chain
+from .random_graphs import residual_blocks, training_chain
 
 
 def _scheduled(graph):
@@ -85,30 +86,22 @@ def test_a_residual_connection_is_cut_at_the_blocks_ends_as_a_hand_segmentation_
     # alone, which the backward does not read (the norm's and the add's
     # gradients need other operands): no residual cut splits the blocks, but
     # the plan keeping every cut keeps h1 and rebuilds each block from its input
-    b = GraphBuilder()
-    x, w1, w2 = b.add_input(1000), b.add_input(10), b.add_input(10)
-
-    def block(h, w):
-        (n,) = b.add_op("norm", [h], [1000], flops=10)
-        (a,) = b.add_op("dot", [n, w], [1000], flops=100)
-        (t,) = b.add_op("tanh", [a], [1000], flops=10)
-        (out,) = b.add_op("add", [h, t], [1000], flops=10)
-        return n, t, out
-
-    n1, t1, h1 = block(x, w1)                                       # ops 0-3
-    n2, t2, h2 = block(h1, w2)                                      # ops 4-7
-    (loss,) = b.add_op("reduce_sum", [h2], [4], flops=10)
-    grads = []
-    g = loss
-    for n, t, w in ((n2, t2, w2), (n1, t1, w1)):
-        (da,) = b.add_op("tanh_grad", [g, t], [3000], flops=10)    # (the peak)
-        grads += b.add_op("dot", [da, n], [10], flops=100)
-        (dn,) = b.add_op("dot", [da, w], [1000], flops=100)
-        (dh,) = b.add_op("norm_grad", [dn, n], [1000], flops=10)
-        (g,) = b.add_op("add", [dh, g], [1000], flops=10)
-    graph = b.build(outputs=grads)
+    graph = residual_blocks()
     plans = _segmentations(_scheduled(graph), 0)
     blockwise = [p for p in plans if {(0, 1, 2), (4, 5, 6)} <= {r.recompute for r in p}]
     assert len(blockwise) == 1      # (with the loss, rebuilt from h2)
-    r = evaluate(_scheduled(graph), blockwise[0])[0]
-    check_schedule(r.graph, r.schedule)
+    scheduled = _scheduled(graph)
+    rewritten, simulated = evaluate(scheduled, blockwise[0])
+    check_schedule(rewritten.graph, rewritten.schedule)
+    # realized as checkpoints are, each block's region holds the block's whole
+    # backward pass: its consumers (tanh_grad, the weight's dot, norm_grad) and
+    # their followers (the cotangent's dot and the sum passed on); the second
+    # block's shares tanh_grad with the loss's (one block once realized)
+    plan = PlanResult(tuple(rewritten.regions), rewritten, simulated, scheduled.timeline, 0)
+    whole = with_followers(scheduled, plan)
+    first = [r.consumers for r in whole.regions if r.recompute == (0, 1, 2)]
+    later = {u for r in whole.regions if r.recompute != (0, 1, 2) for u in r.consumers}
+    assert first == [tuple(range(14, 19))] and later == set(range(9, 14))
+    assert whole.extra_flops == plan.extra_flops
+    check_schedule(whole.rewritten.graph, whole.rewritten.schedule)
+    assert with_followers(scheduled, whole) is whole      # nothing more to take

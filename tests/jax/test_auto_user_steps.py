@@ -207,10 +207,6 @@ def test_a_branch_with_an_effect_runs_once_per_step():
     assert once > 0 and len(calls) == once
 
 
-@pytest.mark.xfail(strict=True, raises=remat.MemoryLimitError, reason=(
-    "known gap (#27, stop 56 notes): under vmap XLA:CPU stores each layer's dW "
-    "transpose, which the model fuses, and holds the plans' region results at its "
-    "peak; every algorithm's least is above the hand segmentation's footprint"))
 def test_a_vmapped_ensemble_meets_its_hand_segmentation():
     # four models at once (jax.vmap of value_and_grad): two layers per checkpoint
     # reach 3.80 MB; without vmap, the same models planned one by one beat that

@@ -81,7 +81,8 @@ def test_each_column_has_its_plans_under_the_other_lowering():
     # the dense program's regions go in a conditional by default: each column of
     # the first order is followed by its plans gated; a conv program's the other
     # way round (the default gates regions that read convolutions). The other
-    # orders' columns under the other lowering come last, as last resorts
+    # orders' columns under the other lowering come next, as last resorts; then
+    # segments' plans realized whole, on every order, under both lowerings
     def conv_loss(ws, x):
         for w in ws:
             x = jnp.tanh(jax.lax.conv(x, w, (1, 1), "SAME"))
@@ -93,6 +94,13 @@ def test_each_column_has_its_plans_under_the_other_lowering():
     conv = trace_program(step, args, {}, CallSpec.of(step, {}), {})[0]
     for program, other in [(_program(), "gate"), (conv, "cond")]:
         columns = _frontier_columns(program)
+        whole = [c for c in columns if "(whole)" in c.name]
+        segments = [c.name for c in columns if c.name.startswith("segments/")
+                    and not c.name.endswith(")")]
+        assert segments and sorted(c.name for c in whole) == sorted(
+            f"{n} (whole){lowering}" for n in segments for lowering in ("", f" ({other})"))
+        assert columns[-len(whole):] == tuple(whole) and all(c.last_resort for c in whole)
+        columns = columns[:-len(whole)]
         names = [c.name for c in columns]
         first = sorted(n for n in names if n.endswith("/order 0"))
         assert first and sorted(n for n in names if n.endswith(f"/order 0 ({other})")) == [

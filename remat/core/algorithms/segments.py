@@ -19,6 +19,14 @@ algorithm makes those plans on any schedule, without knowing the blocks:
   peak on, from the kept cuts and the inputs: one region per segment between two
   kept cuts.
 
+A plan can also be realized as a checkpoint's is, each region holding its
+segment's backward pass (:func:`with_followers`): its consumers and their
+followers (the backward ops reading what they compute and nothing computed
+after the region starts: a cotangent passed on, a weight's gradient summed),
+which the compiler then fuses with the consumers rather than taking the
+region's results from memory. The compiler reads one realization or the other
+lower, by program; the automatic pass compiles both.
+
 Segment plans recompute each op of the forward pass about once whatever ``k``;
 they differ in what they hold. The plan for a limit is the one with the least
 recompute among those whose simulated peak is within it, else the one of least
@@ -57,7 +65,7 @@ from ..scheduled import Scheduled
 from .recomputable import recomputable
 from .result import PlanResult
 
-__all__ = ["plan_segments"]
+__all__ = ["plan_segments", "with_followers"]
 
 
 def plan_segments(scheduled: Scheduled, options: RematOptions) -> PlanResult:
@@ -124,6 +132,58 @@ def _segmentations(scheduled: Scheduled, small_node_bytes: int) -> list[list[Reg
     out = [_regions(graph, residuals, kept, far_readers, step_of)
            for kept in (*kept_sets, frozenset())]
     return list({tuple(regions): regions for regions in out if regions}.values())
+
+
+def with_followers(scheduled: Scheduled, result: PlanResult) -> PlanResult:
+    """``result``'s plan with each region holding its followers too (see
+    :func:`_with_followers`), simulated; ``result`` itself where no region has
+    one. The same recompute: only which ops run inside each block changes."""
+    timeline = scheduled.timeline
+    if not result.regions or timeline.peak_step < 0:
+        return result
+    step_of = {op: s for s, op in enumerate(timeline.schedule)}
+    regions = _with_followers(scheduled.graph, list(result.regions),
+                              timeline.schedule[timeline.peak_step:], step_of)
+    if tuple(regions) == tuple(result.regions):
+        return result
+    try:
+        rewritten, simulated = evaluate(scheduled, regions)
+    except PlanError:
+        return result
+    return PlanResult(tuple(rewritten.regions), rewritten, simulated, timeline,
+                      result.limit_bytes, small_node_bytes=result.small_node_bytes)
+
+
+def _with_followers(graph, regions: list[Region], backward: Sequence[int],
+                    step_of: dict[int, int]) -> list[Region]:
+    """The regions, each with its followers among its consumers: the ops of the
+    backward pass (``backward``, in order) that read what its consumers (or
+    followers) compute, and otherwise only values of the forward pass or of
+    the backward pass before its first consumer (of the region whose first
+    consumer is latest, where they read several). A user's checkpoint holds
+    its segment's whole backward pass so: a gradient summed over its layers, a
+    cotangent passed on, are computed where the compiler can fuse them with
+    the consumers, not from results the region hands out in memory."""
+    if not regions:
+        return regions
+    turn = step_of[backward[0]]
+    owner = {u: i for i, r in enumerate(regions) for u in r.consumers}
+    first = [min(step_of[u] for u in r.consumers) for r in regions]
+    followers: list[list[int]] = [[] for _ in regions]
+    for u in backward:
+        if u in owner:
+            continue
+        producers = [p for p in (graph.values[v].producer for v in graph.ops[u].inputs)
+                     if p is not None and step_of[p] >= turn]
+        read = {owner[p] for p in producers if p in owner}
+        if not read:
+            continue
+        last = max(read, key=first.__getitem__)
+        if all(owner.get(p) == last or step_of[p] < first[last] for p in producers):
+            owner[u] = last
+            followers[last].append(u)
+    return [Region(r.recompute, tuple(sorted((*r.consumers, *more))))
+            for r, more in zip(regions, followers)]
 
 
 def _block_inputs(graph, forward: Sequence[int], residuals: list[int]) -> list[int]:
