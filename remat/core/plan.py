@@ -315,11 +315,11 @@ def _read_by_a_follower(graph: Graph, v: int, outputs: frozenset[int]) -> bool:
             and sum(graph.values[w].nbytes for w in op.outputs) <= graph.values[v].nbytes)
 
 
-def _frees(graph: Graph, op_id: int) -> bool:
+def _frees(graph: Graph, op_id: int, outputs: frozenset[int]) -> bool:
     """Whether an op frees at least the bytes it takes: the temporaries it alone
     reads against its results that are no program outputs (those have buffers
     of their own from the start)."""
-    op, outputs = graph.ops[op_id], set(graph.outputs)
+    op = graph.ops[op_id]
     freed = sum(graph.values[v].nbytes for v in set(op.inputs)
                 if graph.values[v].producer is not None and v not in outputs
                 and all(u == op_id for u in graph.users[v]))
@@ -356,6 +356,7 @@ def _unit_order(graph: Graph, schedule: Sequence[int], position, merged
     start = min(first[n:])
     deps: dict[int, set[int]] = {}
     frees: dict[int, bool] = {}
+    outputs = frozenset(graph.outputs)
     for k, (rec, _, hull) in enumerate(merged):
         u = n + k
         d = deps[u] = set()
@@ -372,7 +373,7 @@ def _unit_order(graph: Graph, schedule: Sequence[int], position, merged
                 if unit[s] == s and not special[s]:     # reads from the block
                     special[s] = True
                     deps[s] = {unit[p] for p in predecessors[s]}
-                    frees[s] = _frees(graph, s)
+                    frees[s] = _frees(graph, s, outputs)
                 if frees.get(s):    # (a weight gradient's transpose): run it early
                     first[s] = min(first[s], first[n + k])
     # what is left to run once the ops before ``start`` have: units still to wait for
